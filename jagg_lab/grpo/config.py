@@ -1,0 +1,80 @@
+"""The `grpo/` config group: the GRPO objective and how a rollout batch is optimised."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jagg_lab.grpo.loss import GRPOLoss
+
+__all__ = ["GRPOConfig"]
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """clip_range, beta: see GRPOLoss. adv_std: "group" or "global" advantage scaling;
+    adv_clip_max: advantage clip. train_fraction: share of sampling steps trained, taken
+    from the high-noise end (the low-noise steps carry little reward signal); train_steps:
+    explicit step indices instead. optimizer_steps_per_rollout: the rollout batch is
+    shuffled and split into this many optimizer steps (the first is on-policy).
+    micro_batch_size: samples per backward micro-batch (gradient accumulation inside a step).
+    max_grad_norm: gradient clipping (0 = off). ema_decay: EMA of the policy (null = off).
+    """
+
+    clip_range: float = 1e-4
+    beta: float = 0.0
+    adv_std: str = "global"
+    adv_clip_max: float = 5.0
+    train_fraction: float = 0.6
+    train_steps: tuple[int, ...] | None = None
+    optimizer_steps_per_rollout: int = 1
+    micro_batch_size: int = 32
+    max_grad_norm: float = 1.0
+    ema_decay: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.train_fraction <= 1:
+            raise ValueError(f"grpo.train_fraction must be in (0, 1], got {self.train_fraction}")
+        if self.adv_std not in ("group", "global"):
+            raise ValueError(f"grpo.adv_std must be 'group' or 'global', got {self.adv_std!r}")
+        if self.adv_clip_max <= 0:
+            raise ValueError(f"grpo.adv_clip_max must be > 0, got {self.adv_clip_max}")
+        if self.optimizer_steps_per_rollout < 1:
+            raise ValueError(f"grpo.optimizer_steps_per_rollout must be >= 1, got {self.optimizer_steps_per_rollout}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"grpo.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.max_grad_norm < 0:
+            raise ValueError(f"grpo.max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ValueError(f"grpo.ema_decay must be in (0, 1) or null, got {self.ema_decay}")
+        if self.train_steps is not None:
+            object.__setattr__(self, "train_steps", tuple(int(k) for k in self.train_steps))
+            if not self.train_steps or sorted(set(self.train_steps)) != list(self.train_steps):
+                raise ValueError(f"grpo.train_steps must be non-empty, increasing and unique, got {list(self.train_steps)}")
+        GRPOLoss(self.clip_range, self.beta)  # validates clip_range and beta
+
+    @property
+    def loss(self) -> GRPOLoss:
+        return GRPOLoss(clip_range=self.clip_range, beta=self.beta)
+
+    def trained_steps(self, num_steps: int) -> list[int]:
+        """Indices of the sampling steps that receive gradients, in sampling order."""
+        if self.train_steps is not None:
+            bad = [k for k in self.train_steps if not 0 <= k < num_steps]
+            if bad:
+                raise ValueError(f"grpo.train_steps {bad} outside the {num_steps} sampling steps")
+            return list(self.train_steps)
+        return list(range(max(1, math.ceil(self.train_fraction * num_steps - 1e-9))))
+
+    def check_batch(self, samples_per_step: int) -> None:
+        """The rollout batch must split into whole optimizer steps and whole micro-batches."""
+        if samples_per_step % self.optimizer_steps_per_rollout:
+            raise ValueError(
+                f"data.prompts_per_step * data.group_size = {samples_per_step} samples do not split into "
+                f"grpo.optimizer_steps_per_rollout = {self.optimizer_steps_per_rollout} equal optimizer steps"
+            )
+        per_opt = samples_per_step // self.optimizer_steps_per_rollout
+        if per_opt % self.micro_batch_size:
+            raise ValueError(
+                f"{per_opt} samples per optimizer step do not split into whole micro-batches of "
+                f"grpo.micro_batch_size = {self.micro_batch_size}"
+            )

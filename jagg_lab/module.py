@@ -1,0 +1,234 @@
+"""The Lightning module: the only place that wires the GRPO stages together.
+
+One training_step = one rollout batch: prompts -> SDE rollouts (no grad) -> rewards ->
+group advantages -> for each optimizer step: the gradient strategy over micro-batches ->
+clip -> step -> one metrics row. Manual optimization, because GRPO takes several
+optimizer steps per batch and the strategy, not Lightning, runs the backward passes.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import lightning as L
+import torch
+import torchvision
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torchmetrics import MeanMetric
+
+from jagg_lab.grpo import GRPOConfig, StepStats, group_advantages
+from jagg_lab.policies import guided_velocity
+from jagg_lab.rewards.base import Reward, check_scores
+from jagg_lab.sampling import SDESampler, sde_rollout
+from jagg_lab.strategies import BackwardStats, GradientStrategy
+from jagg_lab.types import Cond, Rollout, cat_cond, index_cond
+
+__all__ = ["GRPOModule"]
+
+log = logging.getLogger(__name__)
+
+_SUMMED = set(BackwardStats.__dataclass_fields__) - {"loss"}
+
+
+def repeat_cond(cond: Cond, times: int) -> Cond:
+    return cond if times == 1 else cat_cond(*([cond] * times))
+
+
+class GRPOModule(L.LightningModule):
+    """policy: a VelocityPolicy. sampler: SDESampler. reward: a Reward. strategy: a
+    GradientStrategy. grpo: GRPOConfig. optimizer: a partial optimizer (params -> Optimizer).
+    group_size: samples per prompt. seed: drives rollout noise (per step, so resume is exact).
+    sample_every: write a PNG grid of rollout samples every N rollouts (0 = never)."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        sampler: SDESampler,
+        reward: Reward,
+        strategy: GradientStrategy,
+        grpo: GRPOConfig,
+        optimizer: Callable,
+        group_size: int,
+        seed: int = 0,
+        sample_every: int = 10,
+        run_dir: str | None = None,
+    ):
+        super().__init__()
+        self.automatic_optimization = False
+        self.policy = policy
+        self.sampler = sampler
+        self.reward = reward
+        self.strategy = strategy
+        self.grpo = grpo
+        self.loss_fn = grpo.loss
+        self.optimizer_factory = optimizer
+        self.group_size = group_size
+        self.seed = seed
+        self.sample_every = sample_every
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.trained_steps = grpo.trained_steps(sampler.num_steps)
+        # The reference for KL is the policy as it starts (frozen); no copy when KL is off.
+        self.ref_policy = copy.deepcopy(policy).requires_grad_(False).eval() if grpo.beta > 0 else None
+        self.ema = (
+            AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(grpo.ema_decay), use_buffers=True)
+            if grpo.ema_decay
+            else None
+        )
+        self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
+        self.rollouts_done = 0
+
+    # ---- configuration -------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def configure_optimizers(self):
+        return self.optimizer_factory(self.trainable_parameters())
+
+    # ---- stages --------------------------------------------------------------------
+    def velocity_fn(self, model: nn.Module, cond: Cond, null_cond: Cond) -> Callable:
+        """The model call strategies see: (x, s) -> guided v. x may stack several copies of
+        the micro-batch (JAGG's endpoints); the prompt conditioning is repeated to match."""
+        rows = next(iter(cond.values())).shape[0]
+
+        def call(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            return guided_velocity(model, x, s, repeat_cond(cond, x.shape[0] // rows), null_cond, self.sampler.guidance)
+
+        return call
+
+    def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout:
+        with torch.inference_mode():
+            cond = self.policy.encode_prompts(prompts)
+            null_cond = self.policy.encode_prompts([""])
+        noise = torch.randn((len(prompts), *self.policy.sample_shape), generator=generator).to(self.device)
+        ref_fn = self.velocity_fn(self.ref_policy, cond, null_cond) if self.ref_policy is not None else None
+        rollout = sde_rollout(
+            self.velocity_fn(self.policy, cond, null_cond),
+            noise,
+            self.sampler.noise_levels().to(self.device),
+            noise_level=self.sampler.noise_level,
+            cond=cond,
+            null_cond=null_cond,
+            reduction=self.sampler.log_prob_reduction,
+            ref_velocity_fn=ref_fn,
+            generator=generator,
+        )
+        return rollout.for_training()
+
+    def step_loss_fn(self, rollout: Rollout, idx: torch.Tensor, advantages: torch.Tensor, scale: float) -> Callable:
+        """L_j(v) for trained step j of micro-batch `idx`, scaled so the accumulated gradient
+        is that of the mean over trained steps and samples. Records unscaled stats."""
+        levels = rollout.noise_levels.tolist()
+        x, nxt, old = rollout.states[idx], rollout.next_states[idx], rollout.log_probs[idx]
+        ref = rollout.ref_means[idx] if rollout.ref_means is not None else None
+        adv = advantages[idx]
+
+        def loss(j: int, v: torch.Tensor) -> torch.Tensor:
+            k = self.trained_steps[j]
+            value, stats = self.loss_fn(
+                v, x[:, k], nxt[:, k], levels[k], levels[k + 1], old[:, k], adv,
+                noise_level=self.sampler.noise_level, s_first_below_one=levels[1],
+                reduction=self.sampler.log_prob_reduction, ref_mean=None if ref is None else ref[:, k],
+            )
+            for name, metric in self.step_metrics.items():
+                metric.update(getattr(stats, name))
+            return value * scale
+
+        return loss
+
+    def micro_batch_backward(self, rollout: Rollout, advantages: torch.Tensor, idx: torch.Tensor, scale: float, on_policy: bool) -> dict:
+        levels = rollout.noise_levels.tolist()
+        steps = self.trained_steps
+        return self.strategy(
+            self.velocity_fn(self.policy, index_cond(rollout.cond, idx), rollout.null_cond),
+            [rollout.states[idx, k] for k in steps],
+            [levels[k] for k in steps],
+            self.step_loss_fn(rollout, idx, advantages, scale / len(steps)),
+            velocities=[rollout.velocities[idx, k] for k in steps],
+            on_policy=on_policy,
+            params=self.trainable_parameters(),
+        )
+
+    # ---- the GRPO step -------------------------------------------------------------
+    def training_step(self, batch: dict, batch_idx: int) -> None:
+        opt = self.optimizers()
+        prompts = [p for p in batch["prompts"] for _ in range(self.group_size)]
+        metadata = [m for m in batch["metadata"] for _ in range(self.group_size)]
+        group_ids = torch.arange(len(batch["prompts"]), device=self.device).repeat_interleave(self.group_size)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done)
+
+        t0 = time.perf_counter()
+        self.policy.eval()
+        rollout = self.make_rollout(prompts, generator)
+        t1 = time.perf_counter()
+        images = self.policy.decode(rollout.final)
+        components = self.reward.components(images, prompts, metadata)
+        rewards = check_scores(components["reward"], len(prompts), self.reward.name).to(self.device)
+        t2 = time.perf_counter()
+        advantages = group_advantages(rewards, group_ids, std=self.grpo.adv_std, clip_max=self.grpo.adv_clip_max)
+        self.maybe_save_grid(images)
+
+        order = torch.randperm(len(prompts), generator=generator).to(self.device)
+        for j, chunk in enumerate(order.chunk(self.grpo.optimizer_steps_per_rollout)):
+            t3 = time.perf_counter()
+            self.policy.train()
+            micro = chunk.split(self.grpo.micro_batch_size)
+            totals: dict[str, float] = {}
+            counts: dict[str, int] = {}
+            for idx in micro:
+                stats = self.micro_batch_backward(rollout, advantages, idx, 1.0 / len(micro), on_policy=(j == 0))
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + value
+                    counts[key] = counts.get(key, 0) + 1
+            params = self.trainable_parameters()
+            max_norm = self.grpo.max_grad_norm or math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+            if math.isfinite(grad_norm):
+                opt.step()
+                if self.ema is not None:
+                    self.ema.update_parameters(self.policy)
+            else:
+                log.warning("non-finite gradient norm at step %d; optimizer step skipped", self.global_step)
+            opt.zero_grad(set_to_none=True)
+            t4 = time.perf_counter()
+
+            row = {
+                "reward_mean": rewards.mean().item(),
+                "reward_std": rewards.std(unbiased=False).item(),
+                **{name: metric.compute().item() for name, metric in self.step_metrics.items()},
+                "grad_norm": grad_norm,
+                "time_rollout_s": t1 - t0 if j == 0 else 0.0,
+                "time_reward_s": t2 - t1 if j == 0 else 0.0,
+                "time_gradient_s": t4 - t3,
+                "lr": opt.param_groups[0]["lr"],
+            }
+            row.update({f"reward_{k}": v.float().mean().item() for k, v in components.items() if k != "reward"})
+            row.update({k: (v if k in _SUMMED else v / counts[k]) for k, v in totals.items() if k != "loss"})
+            for metric in self.step_metrics.values():
+                metric.reset()
+            for logger in self.loggers:
+                logger.log_metrics(row, step=self.global_step)
+            self.log_dict({"reward": row["reward_mean"], "loss": row["loss"]}, prog_bar=True, logger=False, batch_size=len(prompts))
+        self.rollouts_done += 1
+
+    def maybe_save_grid(self, images: torch.Tensor) -> None:
+        if not (self.sample_every and self.run_dir) or self.rollouts_done % self.sample_every:
+            return
+        if self.trainer is not None and not self.trainer.is_global_zero:
+            return
+        out = self.run_dir / "samples"
+        out.mkdir(parents=True, exist_ok=True)
+        torchvision.utils.save_image(images[:64].float().cpu(), out / f"step_{self.global_step:06d}.png", nrow=self.group_size)
+
+    # ---- exact resume: counters that are not parameters ------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rollouts_done"] = self.rollouts_done
+        checkpoint["strategy_calls"] = self.strategy.calls
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.rollouts_done = checkpoint.get("rollouts_done", 0)
+        self.strategy.calls = checkpoint.get("strategy_calls", 0)

@@ -1,0 +1,96 @@
+"""The default policy: a tokenizer, a small text encoder and a DiT, in pixel space."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from jagg_lab.policies.dit import DIT_SIZES, DiT, DiTConfig, TextEncoder
+from jagg_lab.types import Cond
+from jagg_lab.worlds.shapes import Tokenizer
+
+__all__ = ["DiTPolicy", "SHIPPED_CHECKPOINT"]
+
+log = logging.getLogger(__name__)
+
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parent.parent / "assets" / "shapes_dit_s.safetensors"
+
+
+class DiTPolicy(nn.Module):
+    """v(x, s, cond) on images in [-1, 1]; prompts are encoded by a jointly trained text encoder.
+
+    size: a DIT_SIZES key. checkpoint: a safetensors file written by `save`, "shipped" for the
+    base policy in the package, or None for random init. train_text_encoder: whether RL also
+    updates the text encoder (off by default: its outputs are then computed once per rollout).
+    """
+
+    def __init__(
+        self,
+        size: str = "S",
+        resolution: int = 32,
+        channels: int = 3,
+        patch_size: int = 4,
+        prediction: str = "x",
+        checkpoint: str | None = None,
+        train_text_encoder: bool = False,
+    ):
+        super().__init__()
+        if size not in DIT_SIZES:
+            raise ValueError(f"policy.size must be one of {sorted(DIT_SIZES)}, got {size!r}")
+        self.tokenizer = Tokenizer()
+        dims = DIT_SIZES[size]
+        self.config = DiTConfig(
+            vocab_size=self.tokenizer.vocab_size,
+            max_text_length=self.tokenizer.max_length,
+            resolution=resolution,
+            channels=channels,
+            patch_size=patch_size,
+            prediction=prediction,
+            **dims,
+        )
+        self.size = size
+        self.text_encoder = TextEncoder(
+            self.tokenizer.vocab_size, self.tokenizer.max_length, dims["width"], dims["text_depth"], dims["heads"]
+        )
+        self.dit = DiT(self.config)
+        if checkpoint is not None:
+            self.load(SHIPPED_CHECKPOINT if checkpoint == "shipped" else Path(checkpoint))
+        self.text_encoder.requires_grad_(train_text_encoder)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return (self.config.channels, self.config.resolution, self.config.resolution)
+
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        device = next(self.parameters()).device
+        return self.text_encoder(self.tokenizer.encode_batch(prompts).to(device))
+
+    def forward(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
+        return self.dit(x, s, cond)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Samples in [-1, 1] -> images (B, 3, H, W) in [0, 1]."""
+        return ((x.float().clamp(-1, 1) + 1) / 2)
+
+    def save(self, path: str | Path) -> None:
+        meta = {"config": json.dumps(self.config.to_dict()), "size": self.size}
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path), metadata=meta)
+
+    def load(self, path: Path) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(f"policy.checkpoint: no such file {path}")
+        try:
+            state = load_file(str(path))
+        except Exception as err:  # safetensors raises several types for corrupt files
+            raise ValueError(f"policy.checkpoint: cannot read {path}: {err}") from err
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"policy.checkpoint {path} does not match policy size={self.size!r}, "
+                f"resolution={self.config.resolution}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        log.info("loaded policy weights from %s", path)

@@ -1,0 +1,5 @@
+"""Rewards: (images, prompts, metadata) -> scores (B,)."""
+from jagg_lab.rewards.base import Reward, check_scores
+from jagg_lab.rewards.jpeg import JpegCompressibility, jpeg_size_kb
+
+__all__ = ["Reward", "check_scores", "JpegCompressibility", "jpeg_size_kb"]

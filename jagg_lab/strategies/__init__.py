@@ -1,0 +1,17 @@
+"""Gradient strategies: how the per-step upstream signals reach the model's parameters.
+
+`full_backward` and `jagg_backward` are drop-in functions for your own training loop;
+the strategy classes wrap them for the Lightning module.
+"""
+from jagg_lab.strategies.base import GradientStrategy
+from jagg_lab.strategies.core import BackwardStats, interpolation_weights, partition_windows, upstream_signal
+from jagg_lab.strategies.full import FullStrategy, full_backward
+from jagg_lab.strategies.jagg import MODES, JaggStrategy, jagg_backward, jagg_window_backward
+from jagg_lab.strategies.routed import JaggRoutedStrategy, route_windows, window_scores
+from jagg_lab.strategies.subsample import SubsampleStrategy
+
+__all__ = [
+    "GradientStrategy", "BackwardStats", "interpolation_weights", "partition_windows", "upstream_signal",
+    "FullStrategy", "full_backward", "MODES", "JaggStrategy", "jagg_backward", "jagg_window_backward",
+    "JaggRoutedStrategy", "route_windows", "window_scores", "SubsampleStrategy",
+]

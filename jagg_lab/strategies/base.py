@@ -1,0 +1,103 @@
+"""The gradient-strategy interface and its optional diagnostics against the full gradient."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Iterable, Sequence
+
+import torch
+
+from jagg_lab.strategies.core import StepLossFn, VelocityFn, full_step_backward, partition_windows
+
+__all__ = ["GradientStrategy"]
+
+
+def _flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+
+
+def _zero(params: list[torch.Tensor]) -> None:
+    for p in params:
+        p.grad = None
+
+
+def _full(velocity_fn, states, noise_levels, step_loss_fn) -> None:
+    for k, (state, s) in enumerate(zip(states, noise_levels)):
+        full_step_backward(velocity_fn, state, float(s), k, step_loss_fn)
+
+
+class GradientStrategy(ABC):
+    """Receives the policy call, one micro-batch's trained steps and the per-step loss;
+    accumulates gradients into `.grad`; returns stats (at least `backward_passes`).
+
+    diagnose_every: every N-th call also computes the full gradient on the same
+    micro-batch and reports `grad_cosine`, `grad_norm_ratio` and per-window cosines
+    (`grad_cosine_w{i}`); the accumulated gradient is still the strategy's own.
+    window: steps per window (used by windowed strategies and by the per-window diagnostics).
+    """
+
+    def __init__(self, diagnose_every: int = 0, window: int = 1):
+        if window < 1:
+            raise ValueError(f"strategy.window must be >= 1, got {window}")
+        if diagnose_every < 0:
+            raise ValueError(f"strategy.diagnose_every must be >= 0, got {diagnose_every}")
+        self.window = window
+        self.diagnose_every = diagnose_every
+        self.calls = 0
+
+    @abstractmethod
+    def backward(
+        self,
+        velocity_fn: VelocityFn,
+        states: Sequence[torch.Tensor],
+        noise_levels: Sequence[float],
+        step_loss_fn: StepLossFn,
+        velocities: Sequence[torch.Tensor] | None = None,
+        on_policy: bool = True,
+    ) -> dict[str, float]:
+        """Accumulate this strategy's gradient of sum_k L_k into .grad and return stats."""
+
+    def __call__(
+        self,
+        velocity_fn: VelocityFn,
+        states: Sequence[torch.Tensor],
+        noise_levels: Sequence[float],
+        step_loss_fn: StepLossFn,
+        *,
+        velocities: Sequence[torch.Tensor] | None = None,
+        on_policy: bool = True,
+        params: Iterable[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        self.calls += 1
+        if self.diagnose_every and params is not None and (self.calls - 1) % self.diagnose_every == 0:
+            return self.diagnose(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy, list(params))
+        return self.backward(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy)
+
+    def diagnose(self, velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy, params) -> dict[str, float]:
+        params = [p for p in params if p.requires_grad]
+        saved = [p.grad for p in params]
+        _zero(params)
+        stats = self.backward(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy)
+        own = [p.grad for p in params]
+        g_strategy = _flat_grad(params)
+        _zero(params)
+        _full(velocity_fn, states, noise_levels, step_loss_fn)
+        g_full = _flat_grad(params)
+        stats["grad_cosine"] = torch.nn.functional.cosine_similarity(g_strategy, g_full, dim=0).item()
+        stats["grad_norm_ratio"] = (g_strategy.norm() / g_full.norm().clamp_min(1e-30)).item()
+        for w, steps in enumerate(partition_windows(len(states), self.window)):
+            sub_states = [states[k] for k in steps]
+            sub_levels = [noise_levels[k] for k in steps]
+            sub_vel = None if velocities is None else [velocities[k] for k in steps]
+
+            def sub_loss(j: int, v: torch.Tensor, steps=steps) -> torch.Tensor:
+                return step_loss_fn(steps[j], v)
+
+            _zero(params)
+            self.backward(velocity_fn, sub_states, sub_levels, sub_loss, sub_vel, on_policy)
+            g_w = _flat_grad(params)
+            _zero(params)
+            _full(velocity_fn, sub_states, sub_levels, sub_loss)
+            stats[f"grad_cosine_w{w}"] = torch.nn.functional.cosine_similarity(g_w, _flat_grad(params), dim=0).item()
+        for p, before, mine in zip(params, saved, own):
+            p.grad = mine if before is None else (before if mine is None else before + mine)
+        return stats

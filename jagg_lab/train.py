@@ -1,0 +1,96 @@
+"""GRPO training entry point.
+
+    python -m jagg_lab.train +experiment=jagg_w4 trainer.max_steps=50 hydra.run.dir=DIR
+
+Everything that can be checked is checked before any model is built or any file is
+written into the run directory; a run never reuses a directory that holds a run.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from omegaconf import DictConfig, OmegaConf
+
+from jagg_lab.module import GRPOModule
+
+log = logging.getLogger(__name__)
+
+_RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration, reported before any work starts."""
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    taken = [name for name in _RUN_MARKERS if (run_dir / name).exists()]
+    if taken:
+        raise ConfigError(f"run directory {run_dir} already holds a run ({', '.join(taken)}); choose another hydra.run.dir")
+
+
+def _instantiate(cfg: DictConfig, key: str):
+    try:
+        return instantiate(cfg[key])
+    except InstantiationException as err:
+        cause = err.__cause__ or err
+        raise ConfigError(f"{key}: {cause}") from err
+
+
+def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataModule, L.Trainer]:
+    """Validate and build the run. Cheap parts first, so bad values fail before the policy loads."""
+    if cfg.resume is None:
+        check_fresh_run_dir(run_dir)
+    elif not Path(cfg.resume).is_file():
+        raise ConfigError(f"resume: no such checkpoint {cfg.resume}")
+    sampler = _instantiate(cfg, "sampler")
+    grpo = _instantiate(cfg, "grpo")
+    strategy = _instantiate(cfg, "strategy")
+    data = _instantiate(cfg, "data")
+    try:
+        grpo.check_batch(data.samples_per_step)
+        grpo.trained_steps(sampler.num_steps)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    optimizer = _instantiate(cfg, "optimizer")
+    reward = _instantiate(cfg, "reward")
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    policy = _instantiate(cfg, "policy")
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    module = GRPOModule(
+        policy=policy, sampler=sampler, reward=reward, strategy=strategy, grpo=grpo, optimizer=optimizer,
+        group_size=data.group_size, seed=cfg.seed, sample_every=cfg.sample_every, run_dir=str(run_dir),
+    )
+    checkpoints = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", filename="step_{step:06d}", auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint_every, save_last=True, save_top_k=-1,
+    )
+    logger = CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
+    trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpoints], default_root_dir=str(run_dir))
+    return module, data, trainer
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        module, data, trainer = build(cfg, run_dir)
+    except (ConfigError, FileNotFoundError) as err:
+        log.error("invalid configuration: %s", err)
+        sys.exit(f"jagg_lab.train: invalid configuration: {err}")
+    log.info("run directory: %s", run_dir)
+    trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Small frozen dataclasses passed between the stages of a GRPO step.
+
+Data flows one way: prompts -> rollout (no grad) -> rewards -> advantages ->
+gradient strategy -> optimizer step -> metrics. Each stage only sees these types.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Cond", "index_cond", "cat_cond", "expand_cond", "PromptBatch", "Rollout"]
+
+# A prompt conditioning: a dict of batch-first tensors. The tiny DiT uses
+# {"tokens": (B, L, D), "pooled": (B, D)}; diffusers adapters carry their own keys.
+Cond = dict[str, torch.Tensor]
+
+
+def index_cond(cond: Cond, index: torch.Tensor | slice) -> Cond:
+    return {k: v[index] for k, v in cond.items()}
+
+
+def cat_cond(*conds: Cond) -> Cond:
+    return {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
+
+
+def expand_cond(cond: Cond, batch: int) -> Cond:
+    """Broadcast a batch-1 conditioning (the null prompt) to `batch` rows."""
+    return {k: v.expand(batch, *v.shape[1:]) for k, v in cond.items()}
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """G copies of each of P prompts, in group order (B = P * G rows)."""
+
+    prompts: list[str]  # B
+    group_ids: torch.Tensor  # (B,) long, equal for samples of one prompt
+    metadata: list[dict] = field(default_factory=list)  # B
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One SDE trajectory per sample, recorded for every sampling step k = 0..T-1."""
+
+    states: torch.Tensor  # (B, T, *X) inputs x_k of each step
+    next_states: torch.Tensor  # (B, T, *X) sampled x_{k+1}
+    noise_levels: torch.Tensor  # (T + 1,) s_0 > ... > s_T = 0
+    log_probs: torch.Tensor  # (B, T) log pi_old(x_{k+1} | x_k)
+    velocities: torch.Tensor  # (B, T, *X) the (guided) velocities that were sampled with
+    ref_means: torch.Tensor | None  # (B, T, *X) SDE means of the reference policy, when KL is on
+    cond: Cond  # prompt conditioning, B rows
+    null_cond: Cond  # null-prompt conditioning, 1 row
+    final: torch.Tensor  # (B, *X) x_T, the generated sample
+
+    @property
+    def num_steps(self) -> int:
+        return self.states.shape[1]
+
+    def for_training(self) -> "Rollout":
+        """Copies made outside inference mode, so autograd may save them for backward."""
+        clone = lambda t: None if t is None else t.clone()  # noqa: E731
+        return Rollout(
+            states=clone(self.states),
+            next_states=clone(self.next_states),
+            noise_levels=clone(self.noise_levels),
+            log_probs=clone(self.log_probs),
+            velocities=clone(self.velocities),
+            ref_means=clone(self.ref_means),
+            cond={k: clone(v) for k, v in self.cond.items()},
+            null_cond={k: clone(v) for k, v in self.null_cond.items()},
+            final=clone(self.final),
+        )
