@@ -87,7 +87,12 @@ def main(cfg: DictConfig) -> None:
         module, data, trainer = build(cfg, run_dir)
     except (ConfigError, FileNotFoundError) as err:
         log.error("invalid configuration: %s", err)
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # Hydra made it before the config was checked; leave no trace
         sys.exit(f"jagg_lab.train: invalid configuration: {err}")
+    handler = logging.FileHandler(run_dir / "train.log")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
     log.info("run directory: %s", run_dir)
     trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
 
