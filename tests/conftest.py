@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from jagg_lab.grpo import GRPOConfig, group_advantages
 from jagg_lab.module import GRPOModule
-from jagg_lab.policies import DiTPolicy
+from jagg_lab.policies import DiTPolicy, fill_zero_init_
 from jagg_lab.rewards import JpegCompressibility
 from jagg_lab.sampling import SDESampler
 from jagg_lab.strategies import FullStrategy
@@ -20,17 +20,8 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 def randomized_policy(size: str = "XS", seed: int = 0, **kwargs) -> DiTPolicy:
-    """adaLN-Zero starts every block as the identity and the output at zero, so a freshly
-    initialised DiT has a trivial Jacobian; give every parameter a random value instead."""
     torch.manual_seed(seed)
-    policy = DiTPolicy(size=size, **kwargs)
-    with torch.no_grad():
-        for p in policy.dit.parameters():
-            if p.dim() > 1 and p.abs().max() == 0:
-                p.normal_(0, 0.05)
-            elif p.abs().max() == 0:
-                p.normal_(0, 0.02)
-    return policy
+    return fill_zero_init_(DiTPolicy(size=size, **kwargs), seed=seed)
 
 
 def make_module(strategy=None, *, guidance: float = 1.0, beta: float = 0.0, num_steps: int = 8,

@@ -57,3 +57,15 @@ def test_bad_config_exits_nonzero_naming_the_key(tmp_path):
     assert not (tmp_path / "r").exists()
     proc = train("no_such_key=1", f"hydra.run.dir={tmp_path / 'r2'}", check=False)
     assert proc.returncode != 0 and "no_such_key" in proc.stderr
+
+
+def test_several_optimizer_steps_per_rollout_with_kl_and_ema(tmp_path):
+    """The second optimizer step on a rollout is off-policy: cached JAGG falls back to
+    recompute (counted), and the policy has moved away from the KL reference."""
+    run = tmp_path / "run"
+    train("+experiment=jagg_w4", "reward=jpeg", "trainer.max_steps=2", "grpo.optimizer_steps_per_rollout=2", "grpo.beta=0.1",
+          "grpo.ema_decay=0.9", "optimizer.lr=1e-3", f"hydra.run.dir={run}", *TINY)
+    first, second = read_rows(run / "metrics.csv")
+    assert float(first["fallbacks"]) == 0 and float(second["fallbacks"]) > 0
+    assert float(first["kl"]) == 0 and float(second["kl"]) > 0
+    assert float(second["time_rollout_s"]) == 0  # both steps share one rollout

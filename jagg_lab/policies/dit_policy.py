@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -13,11 +14,27 @@ from jagg_lab.policies.dit import DIT_SIZES, DiT, DiTConfig, TextEncoder
 from jagg_lab.types import Cond
 from jagg_lab.worlds.shapes import Tokenizer
 
-__all__ = ["DiTPolicy", "SHIPPED_CHECKPOINT"]
+__all__ = ["DiTPolicy", "SHIPPED_CHECKPOINT", "fill_zero_init_"]
 
 log = logging.getLogger(__name__)
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent.parent / "assets" / "shapes_dit_s.safetensors"
+
+
+def fill_zero_init_(module: nn.Module, seed: int = 0, std: float = 0.05) -> nn.Module:
+    """Give every all-zero parameter random values (in place).
+
+    adaLN-Zero starts each block as the identity and the output layer at zero, so a fresh
+    DiT's velocity is x-affine and most parameters get no gradient: useless for measuring
+    gradient estimators. Benchmarks and tests without a trained checkpoint use this instead.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.abs().max() == 0:
+                scale = std if p.dim() > 1 else std / 2
+                p.copy_(torch.randn(p.shape, generator=generator) * scale)
+    return module
 
 
 class DiTPolicy(nn.Module):
@@ -84,13 +101,17 @@ class DiTPolicy(nn.Module):
         if not path.is_file():
             raise FileNotFoundError(f"policy.checkpoint: no such file {path}")
         try:
+            with safe_open(str(path), framework="pt") as f:
+                saved = json.loads((f.metadata() or {}).get("config", "{}"))
             state = load_file(str(path))
         except Exception as err:  # safetensors raises several types for corrupt files
             raise ValueError(f"policy.checkpoint: cannot read {path}: {err}") from err
+        ours = self.config.to_dict()
+        differ = {k: (saved[k], ours[k]) for k in ours if k in saved and saved[k] != ours[k]}
+        if differ:
+            detail = ", ".join(f"{k}={a!r} (config says {b!r})" for k, (a, b) in differ.items())
+            raise ValueError(f"policy.checkpoint {path} does not match the policy config: it has {detail}")
         missing, unexpected = self.load_state_dict(state, strict=False)
         if missing or unexpected:
-            raise ValueError(
-                f"policy.checkpoint {path} does not match policy size={self.size!r}, "
-                f"resolution={self.config.resolution}: missing {missing[:3]}, unexpected {unexpected[:3]}"
-            )
+            raise ValueError(f"policy.checkpoint {path} does not match the policy: missing {missing[:3]}, unexpected {unexpected[:3]}")
         log.info("loaded policy weights from %s", path)
