@@ -28,16 +28,18 @@ def read_prompt_file(path: str | Path) -> list[str]:
 
 
 class _PromptStream(IterableDataset):
-    """An endless stream of prompt batches (P prompts each), deterministic given the seed."""
+    """An endless stream of prompt batches (P prompts each). Batch i depends only on (seed, i),
+    so a resumed run continues the stream exactly where the checkpoint left it."""
 
     def __init__(self, module: "PromptDataModule"):
         self.module = module
 
     def __iter__(self):
-        rng = np.random.default_rng(self.module.seed)
+        index = self.module.start_index
         while True:
-            prompts = self.module.draw(rng)
-            yield {"prompts": prompts, "metadata": [self.module.metadata(p) for p in prompts]}
+            prompts = self.module.draw(np.random.default_rng([self.module.seed, index]))
+            yield {"index": index, "prompts": prompts, "metadata": [self.module.metadata(p) for p in prompts]}
+            index += 1
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -73,6 +75,7 @@ class PromptDataModule(L.LightningDataModule):
         self.prompts_per_step = prompts_per_step
         self.group_size = group_size
         self.seed = seed
+        self.start_index = 0  # first batch of the stream; set from a checkpoint on resume
         self.file_prompts = read_prompt_file(prompt_file) if source == "file" else None
 
     @property

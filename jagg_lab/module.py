@@ -227,8 +227,8 @@ class GRPOModule(L.LightningModule):
     # ---- exact resume: counters that are not parameters ------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rollouts_done"] = self.rollouts_done
-        checkpoint["strategy_calls"] = self.strategy.calls
+        checkpoint["strategy"] = self.strategy.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.rollouts_done = checkpoint.get("rollouts_done", 0)
-        self.strategy.calls = checkpoint.get("strategy_calls", 0)
+        self.rollouts_done = checkpoint["rollouts_done"]
+        self.strategy.load_state_dict(checkpoint["strategy"])

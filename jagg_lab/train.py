@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import torch
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
@@ -37,6 +38,20 @@ def check_fresh_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"run directory {run_dir} already holds a run ({', '.join(taken)}); choose another hydra.run.dir")
 
 
+def read_checkpoint(path: str) -> dict:
+    """Load a training checkpoint for resume, with a clear error if it is missing or damaged."""
+    if not Path(path).is_file():
+        raise ConfigError(f"resume: no such checkpoint {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        raise ConfigError(f"resume: {path} is not a readable checkpoint ({type(err).__name__}: {err})") from err
+    missing = [key for key in ("state_dict", "optimizer_states", "rollouts_done") if key not in state]
+    if missing:
+        raise ConfigError(f"resume: {path} is not a jagg_lab training checkpoint (missing {', '.join(missing)})")
+    return state
+
+
 def _instantiate(cfg: DictConfig, key: str):
     try:
         return instantiate(cfg[key])
@@ -47,10 +62,8 @@ def _instantiate(cfg: DictConfig, key: str):
 
 def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataModule, L.Trainer]:
     """Validate and build the run. Cheap parts first, so bad values fail before the policy loads."""
-    if cfg.resume is None:
-        check_fresh_run_dir(run_dir)
-    elif not Path(cfg.resume).is_file():
-        raise ConfigError(f"resume: no such checkpoint {cfg.resume}")
+    check_fresh_run_dir(run_dir)
+    resume_state = read_checkpoint(cfg.resume) if cfg.resume is not None else None
     sampler = _instantiate(cfg, "sampler")
     grpo = _instantiate(cfg, "grpo")
     strategy = _instantiate(cfg, "strategy")
@@ -60,6 +73,8 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
         grpo.trained_steps(sampler.num_steps)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    if resume_state is not None:
+        data.start_index = resume_state["rollouts_done"]
     optimizer = _instantiate(cfg, "optimizer")
     reward = _instantiate(cfg, "reward")
     L.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -69,3 +69,28 @@ def test_several_optimizer_steps_per_rollout_with_kl_and_ema(tmp_path):
     assert float(first["fallbacks"]) == 0 and float(second["fallbacks"]) > 0
     assert float(first["kl"]) == 0 and float(second["kl"]) > 0
     assert float(second["time_rollout_s"]) == 0  # both steps share one rollout
+
+
+def test_resume_continues_exactly_and_same_seed_is_deterministic(tmp_path):
+    common = ["+experiment=subsample_w4", "reward=jpeg", "sampler.num_steps=8", "grpo.train_fraction=1.0",
+              "optimizer.lr=1e-3", "checkpoint_every=2", *TINY[:-1]]
+    train(*common, "trainer.max_steps=4", f"hydra.run.dir={tmp_path / 'straight'}")
+    train(*common, "trainer.max_steps=4", f"hydra.run.dir={tmp_path / 'again'}")
+    train(*common, "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'first'}")
+    train(*common, "trainer.max_steps=4", f"resume={tmp_path / 'first' / 'checkpoints' / 'last.ckpt'}",
+          f"hydra.run.dir={tmp_path / 'second'}")
+    keys = ("step", "reward_mean", "loss", "grad_norm")
+    straight = read_rows(tmp_path / "straight" / "metrics.csv")
+    again = read_rows(tmp_path / "again" / "metrics.csv")
+    resumed = read_rows(tmp_path / "second" / "metrics.csv")
+    assert [[r[k] for k in keys] for r in straight] == [[r[k] for k in keys] for r in again]
+    assert [int(r["step"]) for r in resumed] == [3, 4]
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in straight[2:]]
+
+
+def test_corrupt_checkpoint_is_rejected_before_any_work(tmp_path):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"not a checkpoint")
+    proc = train(f"resume={bad}", f"hydra.run.dir={tmp_path / 'r'}", *TINY, check=False)
+    assert proc.returncode != 0 and "not a readable checkpoint" in proc.stderr
+    assert not (tmp_path / "r").exists()

@@ -44,6 +44,13 @@ class GradientStrategy(ABC):
         self.diagnose_every = diagnose_every
         self.calls = 0
 
+    def state_dict(self) -> dict:
+        """What a checkpoint needs for an exact resume (counters, random state)."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
     @abstractmethod
     def backward(
         self,

@@ -28,6 +28,13 @@ class SubsampleStrategy(GradientStrategy):
         self.choice = choice
         self.generator = torch.Generator().manual_seed(seed)
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.generator.set_state(state["generator"])
+
     def choose(self, steps: list[int]) -> list[int]:
         if len(steps) <= self.per_window:
             return steps
