@@ -27,7 +27,7 @@ from jagg_lab.module import GRPOModule
 from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTPolicy, fill_zero_init_
 from jagg_lab.rewards import ShapesVerifierReward
 from jagg_lab.sampling import SDESampler
-from jagg_lab.strategies import FullStrategy, JaggStrategy, SubsampleStrategy
+from jagg_lab.strategies import FullStrategy, JaggKnotsStrategy, JaggStrategy, SubsampleStrategy
 from jagg_lab.worlds.shapes import sample_prompt
 
 __all__ = ["BenchArgs", "bench_strategies", "main"]
@@ -48,6 +48,8 @@ class BenchArgs:
     guidance: float = 3.0
     windows: list[int] = field(default_factory=lambda: [2, 4, 8])
     modes: list[str] = field(default_factory=lambda: ["cached", "interpolated", "recompute"])
+    knot_spacings: list[int] = field(default_factory=lambda: [2, 3, 4, 7])
+    knot_budgets: list[int] = field(default_factory=lambda: [4, 6])  # adaptive placement
     repeats: int = 3
     device: str = "cpu"
     seed: int = 0
@@ -96,6 +98,13 @@ def bench_strategies(args: BenchArgs) -> dict:
     for w in args.windows:
         configs.append(("subsample", w, "-", SubsampleStrategy(window=w, choice="fixed")))
         configs += [("jagg", w, m, JaggStrategy(window=w, mode=m)) for m in args.modes]
+    # knots: `window` holds the spacing (uniform) or the budget (adaptive)
+    configs += [("jagg_knots", k, "cached", JaggKnotsStrategy(knot_spacing=k)) for k in args.knot_spacings]
+    configs += [("jagg_knots_adaptive", m, "cached", JaggKnotsStrategy(knot_spacing=None, knot_budget=m)) for m in args.knot_budgets]
+    # the same budgets placed uniformly, for the adaptive-versus-uniform comparison
+    for m in args.knot_budgets:
+        knots = [round(i * (args.num_steps - 1) / (m - 1)) for i in range(m)]
+        configs.append(("jagg_knots_even", m, "cached", JaggKnotsStrategy(knot_spacing=None, knots=knots)))
 
     params = module.trainable_parameters()
     grads, times, stats = {}, {c[:3]: [] for c in configs}, {}
@@ -122,6 +131,7 @@ def bench_strategies(args: BenchArgs) -> dict:
             "grad_cosine": torch.nn.functional.cosine_similarity(grads[key], grads[full_key], dim=0).item(),
             "backward_passes": stats[key]["backward_passes"], "backward_items": stats[key]["backward_items"],
             "nograd_forwards": stats[key]["nograd_forwards"],
+            "knots": [stats[key][f"knot_{i}"] for i in range(sum(k.startswith("knot_") for k in stats[key]))],
         })
     machine = {
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(args.device),
@@ -133,9 +143,11 @@ def bench_strategies(args: BenchArgs) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = ["| strategy | W | mode | backward passes | time (s) | speedup vs full | grad cosine |", "|---|---|---|---|---|---|---|"]
+    lines = ["| strategy | W / spacing / budget | mode | backward passes | backward items | time (s) | speedup vs full | grad cosine |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
-        lines.append(f"| {r['strategy']} | {r['window']} | {r['mode']} | {r['backward_passes']:.0f} | {r['time_s']:.3f} | {r['speedup_vs_full']:.2f}x | {r['grad_cosine']:.4f} |")
+        lines.append(f"| {r['strategy']} | {r['window']} | {r['mode']} | {r['backward_passes']:.0f} | {r['backward_items']:.0f} | "
+                     f"{r['time_s']:.3f} | {r['speedup_vs_full']:.2f}x | {r['grad_cosine']:.4f} |")
     return "\n".join(lines)
 
 

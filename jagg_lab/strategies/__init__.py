@@ -4,9 +4,10 @@
 the strategy classes wrap them for the Lightning module.
 """
 from jagg_lab.strategies.base import GradientStrategy
-from jagg_lab.strategies.core import BackwardStats, interpolation_weights, partition_windows, upstream_signal
+from jagg_lab.strategies.core import MODES, BackwardStats, interpolation_weights, partition_windows, upstream_signal
 from jagg_lab.strategies.full import FullStrategy, full_backward
-from jagg_lab.strategies.jagg import MODES, JaggStrategy, jagg_backward, jagg_window_backward
+from jagg_lab.strategies.jagg import JaggStrategy, jagg_backward, jagg_window_backward
+from jagg_lab.strategies.knots import JaggKnotsStrategy, adaptive_knots, knots_backward, uniform_knots
 from jagg_lab.strategies.routed import JaggRoutedStrategy, route_windows, window_scores
 from jagg_lab.strategies.subsample import SubsampleStrategy
 
@@ -14,4 +15,5 @@ __all__ = [
     "GradientStrategy", "BackwardStats", "interpolation_weights", "partition_windows", "upstream_signal",
     "FullStrategy", "full_backward", "MODES", "JaggStrategy", "jagg_backward", "jagg_window_backward",
     "JaggRoutedStrategy", "route_windows", "window_scores", "SubsampleStrategy",
+    "JaggKnotsStrategy", "adaptive_knots", "knots_backward", "uniform_knots",
 ]

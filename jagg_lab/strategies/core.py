@@ -20,7 +20,13 @@ __all__ = [
     "interpolation_weights",
     "full_step_backward",
     "noise_level_batch",
+    "MODES",
+    "check_mode",
+    "effective_mode",
 ]
+
+# Where a windowed strategy gets the velocities of steps it does not backpropagate through.
+MODES = ("recompute", "cached", "interpolated")
 
 # velocity_fn(x (B, *X), s (B,)) -> v (B, *X); gradients flow to the model's parameters.
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -89,3 +95,18 @@ def full_step_backward(
     loss = step_loss_fn(k, v)
     (loss * scale).backward()
     return BackwardStats(backward_passes=1, backward_items=1, grad_forwards=1, loss=loss.item())
+
+
+def check_mode(mode: str, velocities: Sequence[torch.Tensor] | None) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode != "recompute" and velocities is None:
+        raise ValueError(f"mode={mode!r} needs the rollout's cached velocities (velocities=...)")
+
+
+def effective_mode(mode: str, on_policy: bool) -> tuple[str, int]:
+    """`cached` is exact only with the parameters that sampled the rollout; after that it
+    falls back to `recompute`. Returns (mode to use, number of fallbacks to count)."""
+    if mode == "cached" and not on_policy:
+        return "recompute", 1
+    return mode, 0

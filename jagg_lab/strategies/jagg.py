@@ -7,16 +7,18 @@ one forward of both endpoint batches together and ONE backward per window.
 """
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 import torch
 
 from jagg_lab.strategies.base import GradientStrategy
 from jagg_lab.strategies.core import (
+    MODES,
     BackwardStats,
     StepLossFn,
     VelocityFn,
+    check_mode,
+    effective_mode,
     full_step_backward,
     interpolation_weights,
     noise_level_batch,
@@ -26,16 +28,6 @@ from jagg_lab.strategies.core import (
 
 __all__ = ["MODES", "jagg_window_backward", "jagg_backward", "JaggStrategy"]
 
-log = logging.getLogger(__name__)
-
-MODES = ("recompute", "cached", "interpolated")
-
-
-def _check_mode(mode: str, velocities: Sequence[torch.Tensor] | None) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode != "recompute" and velocities is None:
-        raise ValueError(f"mode={mode!r} needs the rollout's cached velocities (velocities=...)")
 
 
 def jagg_window_backward(
@@ -110,7 +102,7 @@ def jagg_backward(
     """
     if len(states) != len(noise_levels):
         raise ValueError(f"got {len(states)} states but {len(noise_levels)} noise levels")
-    _check_mode(mode, velocities)
+    check_mode(mode, velocities)
     stats = BackwardStats()
     for steps in partition_windows(len(states), window):
         stats.add(jagg_window_backward(velocity_fn, states, noise_levels, step_loss_fn, steps, velocities=velocities, mode=mode))
@@ -127,14 +119,8 @@ class JaggStrategy(GradientStrategy):
             raise ValueError(f"strategy.mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
 
-    def effective_mode(self, on_policy: bool) -> tuple[str, int]:
-        if self.mode == "cached" and not on_policy:
-            log.debug("jagg: parameters changed since the rollout; cached -> recompute")
-            return "recompute", 1
-        return self.mode, 0
-
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
-        mode, fallbacks = self.effective_mode(on_policy)
+        mode, fallbacks = effective_mode(self.mode, on_policy)
         stats = jagg_backward(
             velocity_fn, states, noise_levels, step_loss_fn, window=self.window, velocities=velocities, mode=mode
         )

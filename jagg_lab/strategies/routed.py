@@ -13,8 +13,8 @@ from typing import Sequence
 import torch
 
 from jagg_lab.strategies.base import GradientStrategy
-from jagg_lab.strategies.core import BackwardStats, full_step_backward, partition_windows
-from jagg_lab.strategies.jagg import MODES, JaggStrategy, jagg_window_backward
+from jagg_lab.strategies.core import BackwardStats, effective_mode, full_step_backward, partition_windows
+from jagg_lab.strategies.jagg import JaggStrategy, jagg_window_backward
 
 __all__ = ["window_scores", "route_windows", "JaggRoutedStrategy", "NOISE_REGIONS"]
 
@@ -78,7 +78,7 @@ class JaggRoutedStrategy(JaggStrategy):
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
         if velocities is None:
             raise ValueError("jagg_routed scores windows from the rollout's cached velocities; pass velocities=")
-        mode, fallbacks = self.effective_mode(on_policy)
+        mode, fallbacks = effective_mode(self.mode, on_policy)
         windows = partition_windows(len(states), self.window)
         per_sample = [window_scores(velocities, steps) for steps in windows]
         scores = [(s.mean() if self.aggregate == "mean" else s.min()).item() for s in per_sample]

@@ -64,8 +64,13 @@ FEATURE_DIM = 64
 INPUT_RESOLUTION = 32
 NUM_COUNT_CLASSES = 5  # 0, 1, 2, 3, 4+
 GRID = 4  # layout labels: object centres on a GRID x GRID grid
+DENSE = 8  # dense training labels on the 8x8 feature map
 PAIRS: tuple[tuple[str, str], ...] = tuple((s, c) for s in SHAPES for c in COLORS)
 _PAIR_INDEX = {p: i for i, p in enumerate(PAIRS)}
+
+
+def _conv(c_in: int, c_out: int, stride: int = 1) -> list[nn.Module]:
+    return [nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
 
 
 class ShapeFeatures(nn.Module):
@@ -76,19 +81,24 @@ class ShapeFeatures(nn.Module):
     order) and ``layout`` [B, GRID * GRID].
     """
 
-    def __init__(self, width: int = 16, feature_dim: int = FEATURE_DIM) -> None:
+    def __init__(self, width: int = 16, hidden: int = 256, feature_dim: int = FEATURE_DIM) -> None:
         super().__init__()
         w = width
         self.num_features = feature_dim
         self.trunk = nn.Sequential(
-            nn.Conv2d(3, w, 3, padding=1), nn.ReLU(),  # 32
-            nn.Conv2d(w, 2 * w, 3, stride=2, padding=1), nn.ReLU(),  # 16
-            nn.Conv2d(2 * w, 4 * w, 3, stride=2, padding=1), nn.ReLU(),  # 8
-            nn.Conv2d(4 * w, 4 * w, 3, stride=2, padding=1), nn.ReLU(),  # 4
-            nn.Flatten(),
-        )  # fmt: skip
-        # Flatten (not global pooling) keeps where things are: layout is part of the world.
-        self.embed = nn.Linear(4 * w * 4 * 4, feature_dim)
+            *_conv(3, w), *_conv(w, w),  # 32 px
+            *_conv(w, 2 * w, stride=2),  # 16 px
+            *_conv(2 * w, 4 * w, stride=2), *_conv(4 * w, 4 * w),  # 8 px
+        )
+        # Two summaries of the 8x8 map: a global mean (what is there and how many, wherever it
+        # is) and a coarse 4x4 map of a few channels (where things are: layout).
+        self.where = nn.Sequential(nn.Conv2d(4 * w, 8, 1), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten())
+        # Dense head, trained on its own labels: which (shape, colour) has its centre in each
+        # 4x4 px cell. Its summed probabilities (soft counts) are a third summary.
+        self.centre_head = nn.Conv2d(4 * w, 1 + len(PAIRS), 1)
+        self.embed = nn.Sequential(
+            nn.Linear(4 * w + len(PAIRS) + 8 * 4 * 4, hidden), nn.ReLU(), nn.Linear(hidden, feature_dim)
+        )
         self.count_head = nn.Linear(feature_dim, len(PAIRS) * NUM_COUNT_CLASSES)
         self.layout_head = nn.Linear(feature_dim, GRID * GRID)
         self.register_buffer("feat_mean", torch.zeros(feature_dim))
@@ -108,9 +118,16 @@ class ShapeFeatures(nn.Module):
                 x = F.interpolate(x, size=(INPUT_RESOLUTION, INPUT_RESOLUTION), mode="nearest")
         return x.mul(2.0).sub(1.0)
 
+    def trunk_and_embedding(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """``(feature map [B, 4w, 8, 8], unstandardised embedding [B, FEATURE_DIM])``."""
+        h = self.trunk(self.preprocess(images))
+        # Sums over the map, not means: one object then moves a summary by O(1), not O(1/64).
+        found = self.centre_head(h).softmax(dim=1)[:, 1:].sum(dim=(2, 3))  # soft counts per pair
+        return h, self.embed(torch.cat([h.sum(dim=(2, 3)) / DENSE, found, self.where(h)], dim=1))
+
     def raw_embedding(self, images: Tensor) -> Tensor:
         """Unstandardised embedding [B, FEATURE_DIM] (what the heads read)."""
-        return self.embed(self.trunk(self.preprocess(images)))
+        return self.trunk_and_embedding(images)[1]
 
     def heads(self, embedding: Tensor) -> dict[str, Tensor]:
         return {
@@ -147,35 +164,38 @@ def _random_scene(rng: np.random.Generator, resolution: int) -> Scene:
     return Scene(tuple(objects), resolution)
 
 
-def attribute_labels(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
-    """``(counts int64 [18] in 0..4, layout float32 [GRID*GRID])`` for one scene."""
+def attribute_labels(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(counts int64 [18] in 0..4, layout float32 [GRID*GRID], centres int64 [8, 8])`` for one
+    scene; ``centres`` is 0 or 1 + the PAIRS index of the object whose centre lies in the cell."""
     counts = np.zeros(len(PAIRS), dtype=np.int64)
     layout = np.zeros(GRID * GRID, dtype=np.float32)
-    cell = scene.resolution / GRID
+    centres = np.zeros((DENSE, DENSE), dtype=np.int64)
+    res = scene.resolution
     for o in scene.objects:
-        counts[_PAIR_INDEX[(o.shape, o.color)]] += 1
-        layout[min(int(o.cy // cell), GRID - 1) * GRID + min(int(o.cx // cell), GRID - 1)] = 1.0
-    return np.minimum(counts, NUM_COUNT_CLASSES - 1), layout
+        pair = _PAIR_INDEX[(o.shape, o.color)]
+        counts[pair] += 1
+        layout[min(int(o.cy * GRID / res), GRID - 1) * GRID + min(int(o.cx * GRID / res), GRID - 1)] = 1.0
+        centres[min(int(o.cy * DENSE / res), DENSE - 1), min(int(o.cx * DENSE / res), DENSE - 1)] = 1 + pair
+    return np.minimum(counts, NUM_COUNT_CLASSES - 1), layout, centres
 
 
 def sample_training_batch(
     rng: np.random.Generator, batch_size: int, split: str = "train", resolution: int = 32, world_fraction: float = 0.5
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``(images float [B, 3, R, R] in [0, 1], counts int64 [B, 18], layout float [B, 16])``.
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``(images float [B, 3, R, R] in [0, 1], labels)`` with labels ``counts`` int64 [B, 18],
+    ``layout`` float [B, 16] and ``centres`` int64 [B, 8, 8] (see ``attribute_labels``).
 
     A ``world_fraction`` share of scenes come from the world's prompt distribution of ``split``
     (category-uniform, as ``ShapesDataset``), the rest are free random scenes.
     """
     dataset = ShapesDataset(resolution=resolution, split=split)
-    images, counts, layouts = [], [], []
+    images, labels = [], []
     for _ in range(batch_size):
         scene = dataset.sample(rng)[2] if rng.random() < world_fraction else _random_scene(rng, resolution)
-        c, lay = attribute_labels(scene)
         images.append(render(scene))
-        counts.append(c)
-        layouts.append(lay)
+        labels.append(attribute_labels(scene))
     x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div_(255.0)
-    return x, torch.from_numpy(np.stack(counts)), torch.from_numpy(np.stack(layouts))
+    return x, {k: torch.from_numpy(np.stack(v)) for k, v in zip(("counts", "layout", "centres"), zip(*labels))}
 
 
 # ----------------------------------------------------------------------------------- training
@@ -190,10 +210,10 @@ def attribute_accuracy(net: ShapeFeatures, seed: int = 12345, n: int = 2000, spl
     images whose 16 grid cells are all right.
     """
     net.eval()
-    x, counts, layout = sample_training_batch(np.random.default_rng(seed), n, split, resolution, world_fraction)
+    x, labels = sample_training_batch(np.random.default_rng(seed), n, split, resolution, world_fraction)
     out = net.heads(net.raw_embedding(x))
-    count_ok = out["counts"].argmax(-1) == counts
-    layout_ok = (out["layout"] > 0) == (layout > 0.5)
+    count_ok = out["counts"].argmax(-1) == labels["counts"]
+    layout_ok = (out["layout"] > 0) == (labels["layout"] > 0.5)
     return {
         "count_head": count_ok.float().mean().item(),
         "count_image": count_ok.all(dim=1).float().mean().item(),
@@ -201,12 +221,12 @@ def attribute_accuracy(net: ShapeFeatures, seed: int = 12345, n: int = 2000, spl
     }
 
 
-def train_feature_net(steps: int = 1500, batch_size: int = 128, seed: int = 0, lr: float = 3e-3, log_every: int = 100) -> ShapeFeatures:
+def train_feature_net(steps: int = 1500, batch_size: int = 128, seed: int = 0, lr: float = 3e-3, log_every: int = 100, width: int = 16, hidden: int = 256) -> ShapeFeatures:
     """Train a ``ShapeFeatures`` from scratch on fresh renders (CPU-friendly: ~0.1 s/step at
     batch 128 on one core) and set its standardisation buffers from 4096 GT renders."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xFEA7]))
-    net = ShapeFeatures()
+    net = ShapeFeatures(width=width, hidden=hidden)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(steps, 1), pct_start=0.1)
     net.train()
@@ -214,12 +234,17 @@ def train_feature_net(steps: int = 1500, batch_size: int = 128, seed: int = 0, l
     for step in range(steps):
         u = rng.random()
         resolution = 16 if u < 0.1 else 64 if u < 0.2 else 32
-        x, counts, layout = sample_training_batch(rng, batch_size, "train", resolution)
+        x, labels = sample_training_batch(rng, batch_size, "train", resolution)
         noisy = torch.from_numpy(rng.random(batch_size) < 0.5)
         sigma = torch.from_numpy(rng.uniform(0.0, 0.06, batch_size)).float() * noisy
         x = (x + sigma.view(-1, 1, 1, 1) * torch.randn_like(x)).clamp_(0.0, 1.0)
-        out = net.heads(net.raw_embedding(x))
-        loss = F.cross_entropy(out["counts"].reshape(-1, NUM_COUNT_CLASSES), counts.reshape(-1)) + F.binary_cross_entropy_with_logits(out["layout"], layout)
+        h, emb = net.trunk_and_embedding(x)
+        out = net.heads(emb)
+        loss = (
+            F.cross_entropy(out["counts"].reshape(-1, NUM_COUNT_CLASSES), labels["counts"].reshape(-1))
+            + F.binary_cross_entropy_with_logits(out["layout"], labels["layout"])
+            + F.cross_entropy(net.centre_head(h), labels["centres"])
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -228,7 +253,7 @@ def train_feature_net(steps: int = 1500, batch_size: int = 128, seed: int = 0, l
             log.info("step %d/%d loss %.4f (%.0f s)", step + 1, steps, loss.item(), time.perf_counter() - start)
     net.eval()
     with torch.no_grad():
-        x, _, _ = sample_training_batch(np.random.default_rng([seed, 0x57A7]), 4096, "train", 32, world_fraction=1.0)
+        x, _ = sample_training_batch(np.random.default_rng([seed, 0x57A7]), 4096, "train", 32, world_fraction=1.0)
         emb = net.raw_embedding(x)
         net.feat_mean.copy_(emb.mean(0))
         net.feat_std.copy_(emb.std(0).clamp_min(1e-4))
@@ -258,7 +283,7 @@ def load_feature_net(path: str | Path = DEFAULT_PATH, device: str | torch.device
             f"`python -m jagg_lab.worlds.shapes.features out={path}`"
         )
     state = load_file(str(path), device=str(device))
-    net = ShapeFeatures(width=state["trunk.0.weight"].shape[0], feature_dim=state["embed.weight"].shape[0])
+    net = ShapeFeatures(width=state["trunk.0.weight"].shape[0], hidden=state["embed.0.weight"].shape[0], feature_dim=state["embed.2.weight"].shape[0])
     net.load_state_dict(state)
     net.to(device).eval().requires_grad_(False)
     return net
