@@ -10,11 +10,13 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import random
 import time
 from pathlib import Path
 from typing import Callable
 
 import lightning as L
+import numpy as np
 import torch
 import torchvision
 from torch import nn
@@ -43,7 +45,9 @@ class GRPOModule(L.LightningModule):
     """policy: a VelocityPolicy. sampler: SDESampler. reward: a Reward. strategy: a
     GradientStrategy. grpo: GRPOConfig. optimizer: a partial optimizer (params -> Optimizer).
     group_size: samples per prompt. seed: drives rollout noise (per step, so resume is exact).
-    sample_every: write a PNG grid of rollout samples every N rollouts (0 = never)."""
+    sample_every: write a PNG grid of rollout samples every N rollouts (0 = never).
+    max_bad_steps: a non-finite reward, loss or gradient skips the optimizer step (logged,
+    counted in `skipped_steps`); this many in a row stop the run with an error."""
 
     def __init__(
         self,
@@ -57,6 +61,7 @@ class GRPOModule(L.LightningModule):
         seed: int = 0,
         sample_every: int = 10,
         run_dir: str | None = None,
+        max_bad_steps: int = 3,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -81,6 +86,11 @@ class GRPOModule(L.LightningModule):
         )
         self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
         self.rollouts_done = 0
+        if max_bad_steps < 1:
+            raise ValueError(f"max_bad_steps must be >= 1, got {max_bad_steps}")
+        self.max_bad_steps = max_bad_steps
+        self.bad_steps_in_a_row = 0
+        self.skipped_steps = 0
 
     # ---- configuration -------------------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -169,6 +179,11 @@ class GRPOModule(L.LightningModule):
         components = self.reward.components(images, prompts, metadata)
         rewards = check_scores(components["reward"], len(prompts), self.reward.name).to(self.device)
         t2 = time.perf_counter()
+        finite_rewards = bool(torch.isfinite(rewards).all())
+        if not finite_rewards:
+            bad = int((~torch.isfinite(rewards)).sum())
+            log.warning("reward %r gave %d non-finite scores at step %d; skipping this rollout", self.reward.name, bad, self.global_step)
+            rewards = torch.nan_to_num(rewards, nan=0.0, posinf=0.0, neginf=0.0)
         advantages = group_advantages(rewards, group_ids, std=self.grpo.adv_std, clip_max=self.grpo.adv_clip_max)
         self.maybe_save_grid(images)
 
@@ -179,32 +194,39 @@ class GRPOModule(L.LightningModule):
             micro = chunk.split(self.grpo.micro_batch_size)
             totals: dict[str, float] = {}
             counts: dict[str, int] = {}
-            for idx in micro:
-                stats = self.micro_batch_backward(rollout, advantages, idx, 1.0 / len(micro), on_policy=(j == 0))
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + value
-                    counts[key] = counts.get(key, 0) + 1
+            if finite_rewards:
+                for idx in micro:
+                    stats = self.micro_batch_backward(rollout, advantages, idx, 1.0 / len(micro), on_policy=(j == 0))
+                    for key, value in stats.items():
+                        totals[key] = totals.get(key, 0.0) + value
+                        counts[key] = counts.get(key, 0) + 1
             params = self.trainable_parameters()
             max_norm = self.grpo.max_grad_norm or math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
-            if math.isfinite(grad_norm):
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if finite_rewards else math.nan
+            losses_finite = all(math.isfinite(m.compute().item()) for m in self.step_metrics.values() if m.update_count)
+            if finite_rewards and math.isfinite(grad_norm) and losses_finite:
                 opt.step()
                 if self.ema is not None:
                     self.ema.update_parameters(self.policy)
+                self.bad_steps_in_a_row = 0
             else:
-                log.warning("non-finite gradient norm at step %d; optimizer step skipped", self.global_step)
+                self.skipped_steps += 1
+                self.bad_steps_in_a_row += 1
+                log.warning("non-finite reward, loss or gradient at step %d: optimizer step skipped (%d in a row)",
+                            self.global_step, self.bad_steps_in_a_row)
             opt.zero_grad(set_to_none=True)
             t4 = time.perf_counter()
 
             row = {
                 "reward_mean": rewards.mean().item(),
                 "reward_std": rewards.std(unbiased=False).item(),
-                **{name: metric.compute().item() for name, metric in self.step_metrics.items()},
+                **{name: (metric.compute().item() if metric.update_count else math.nan) for name, metric in self.step_metrics.items()},
                 "grad_norm": grad_norm,
                 "time_rollout_s": t1 - t0 if j == 0 else 0.0,
                 "time_reward_s": t2 - t1 if j == 0 else 0.0,
                 "time_gradient_s": t4 - t3,
                 "lr": opt.param_groups[0]["lr"],
+                "skipped_steps": self.skipped_steps,
             }
             row.update({f"reward_{k}": v.float().mean().item() for k, v in components.items() if k != "reward"})
             row.update({k: (v if k in _SUMMED else v / counts[k]) for k, v in totals.items() if k != "loss"})
@@ -213,6 +235,11 @@ class GRPOModule(L.LightningModule):
             for logger in self.loggers:
                 logger.log_metrics(row, step=self.global_step)
             self.log_dict({"reward": row["reward_mean"], "loss": row["loss"]}, prog_bar=True, logger=False, batch_size=len(prompts))
+            if self.bad_steps_in_a_row >= self.max_bad_steps:
+                raise RuntimeError(
+                    f"{self.bad_steps_in_a_row} optimizer steps in a row had a non-finite reward, loss or gradient "
+                    f"(reward {self.reward.name!r}); stopping. The last good state is in checkpoints/."
+                )
         self.rollouts_done += 1
 
     def maybe_save_grid(self, images: torch.Tensor) -> None:
@@ -227,8 +254,20 @@ class GRPOModule(L.LightningModule):
     # ---- exact resume: counters that are not parameters ------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rollouts_done"] = self.rollouts_done
+        checkpoint["skipped_steps"] = self.skipped_steps
         checkpoint["strategy"] = self.strategy.state_dict()
+        checkpoint["rng"] = {
+            "torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.rollouts_done = checkpoint["rollouts_done"]
+        self.skipped_steps = checkpoint["skipped_steps"]
         self.strategy.load_state_dict(checkpoint["strategy"])
+        rng = checkpoint["rng"]
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])

@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
+from jagg_lab.checkpointing import AtomicCheckpointIO
 from jagg_lab.module import GRPOModule
 
 log = logging.getLogger(__name__)
@@ -79,19 +80,26 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     reward = _instantiate(cfg, "reward")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     policy = _instantiate(cfg, "policy")
+    if data.file_prompts is not None and hasattr(policy, "validate_prompts"):
+        try:
+            policy.validate_prompts(data.file_prompts)
+        except ValueError as err:
+            raise ConfigError(f"data.prompt_file: {err}") from err
 
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     module = GRPOModule(
         policy=policy, sampler=sampler, reward=reward, strategy=strategy, grpo=grpo, optimizer=optimizer,
         group_size=data.group_size, seed=cfg.seed, sample_every=cfg.sample_every, run_dir=str(run_dir),
+        max_bad_steps=cfg.max_bad_steps,
     )
     checkpoints = ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="step_{step:06d}", auto_insert_metric_name=False,
         every_n_train_steps=cfg.checkpoint_every, save_last=True, save_top_k=-1,
     )
     logger = CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
-    trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpoints], default_root_dir=str(run_dir))
+    trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpoints], default_root_dir=str(run_dir),
+                          plugins=[AtomicCheckpointIO()])
     return module, data, trainer
 
 

@@ -82,6 +82,10 @@ class DiTPolicy(nn.Module):
     def sample_shape(self) -> tuple[int, int, int]:
         return (self.config.channels, self.config.resolution, self.config.resolution)
 
+    def validate_prompts(self, prompts: list[str]) -> None:
+        """Raise ValueError naming the first word outside the tokenizer's vocabulary."""
+        self.tokenizer.encode_batch(prompts)
+
     def encode_prompts(self, prompts: list[str]) -> Cond:
         device = next(self.parameters()).device
         return self.text_encoder(self.tokenizer.encode_batch(prompts).to(device))
