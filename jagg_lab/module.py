@@ -41,6 +41,18 @@ def repeat_cond(cond: Cond, times: int) -> Cond:
     return cond if times == 1 else cat_cond(*([cond] * times))
 
 
+class AdaptersOff:
+    """The base model under a LoRA policy: calls the policy with its adapters disabled.
+    A plain callable (not an nn.Module) so the policy's weights are not registered twice."""
+
+    def __init__(self, policy: nn.Module):
+        self.policy = policy
+
+    def __call__(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
+        with self.policy.adapters_disabled():
+            return self.policy(x, s, cond)
+
+
 class GRPOModule(L.LightningModule):
     """policy: a VelocityPolicy. sampler: SDESampler. reward: a Reward. strategy: a
     GradientStrategy. grpo: GRPOConfig. optimizer: a partial optimizer (params -> Optimizer).
@@ -77,8 +89,14 @@ class GRPOModule(L.LightningModule):
         self.sample_every = sample_every
         self.run_dir = Path(run_dir) if run_dir else None
         self.trained_steps = grpo.trained_steps(sampler.num_steps)
-        # The reference for KL is the policy as it starts (frozen); no copy when KL is off.
-        self.ref_policy = copy.deepcopy(policy).requires_grad_(False).eval() if grpo.beta > 0 else None
+        # The reference for KL is the policy as it starts: its LoRA adapters switched off when
+        # it has them (no copy of a large model), else a frozen copy; nothing when KL is off.
+        if grpo.beta == 0:
+            self.ref_policy = None
+        elif getattr(policy, "has_adapters", False):
+            self.ref_policy = AdaptersOff(policy)
+        else:
+            self.ref_policy = copy.deepcopy(policy).requires_grad_(False).eval()
         self.ema = (
             AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(grpo.ema_decay), use_buffers=True)
             if grpo.ema_decay
@@ -250,6 +268,14 @@ class GRPOModule(L.LightningModule):
         out = self.run_dir / "samples"
         out.mkdir(parents=True, exist_ok=True)
         torchvision.utils.save_image(images[:64].float().cpu(), out / f"step_{self.global_step:06d}.png", nrow=self.group_size)
+
+    def on_train_end(self) -> None:
+        """Export the trained weights (and the EMA's) where `jagg_lab.evaluate checkpoint=` reads them."""
+        if not (self.run_dir and hasattr(self.policy, "save")) or (self.trainer is not None and not self.trainer.is_global_zero):
+            return
+        self.policy.save(self.run_dir / "policy.safetensors")
+        if self.ema is not None:
+            self.ema.module.save(self.run_dir / "policy_ema.safetensors")
 
     # ---- exact resume: counters that are not parameters ------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

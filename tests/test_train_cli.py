@@ -36,6 +36,7 @@ def test_two_step_run_writes_metrics_samples_and_checkpoints(tmp_path):
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert (run / "config.yaml").is_file()
     assert list((run / "samples").glob("*.png"))
+    assert (run / "policy.safetensors").is_file()  # evaluate checkpoint=RUN/policy.safetensors
     # a second run into the same directory is refused and leaves the first intact
     before = (run / "metrics.csv").read_text()
     proc = train("+experiment=full", "trainer.max_steps=1", f"hydra.run.dir={run}", *TINY, check=False)
