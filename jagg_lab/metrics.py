@@ -28,6 +28,7 @@ Caveats:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -64,6 +65,23 @@ def reference_images(
     [n, 3, resolution, resolution] in [0, 1]. Different seeds give independent sets."""
     prompts = reference_prompts(n, seed, split, categories)
     return render_batch(prompts, np.random.default_rng(np.random.SeedSequence([seed, 0x5CE])), resolution)
+
+
+class _SharedFeatures(nn.Module):
+    """Wraps the feature network for the two metrics: FID and KID are updated with the same
+    chunk one after the other, so the second call reuses the first call's features."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        if hasattr(net, "num_features"):
+            self.num_features = net.num_features
+        self._last: tuple[Tensor, Tensor] | None = None
+
+    def forward(self, images: Tensor) -> Tensor:
+        if self._last is None or self._last[0] is not images:
+            self._last = (images, self.net(images))
+        return self._last[1]
 
 
 def _check_images(name: str, images: Tensor) -> Tensor:
@@ -111,8 +129,11 @@ def fid_kid(
     net.to(device)
     subset = min(DEFAULT_KID_SUBSET_SIZE if kid_subset_size is None else kid_subset_size, generated.shape[0], reference.shape[0])
     try:
-        fid = FrechetInceptionDistance(feature=net, normalize=True).to(device)
-        kid = KernelInceptionDistance(feature=net, normalize=True, subsets=kid_subsets, subset_size=subset).to(device)
+        shared = _SharedFeatures(net)
+        fid = FrechetInceptionDistance(feature=shared, normalize=True).to(device)
+        with warnings.catch_warnings():  # "will save all extracted features in buffer": 64 floats/image
+            warnings.filterwarnings("ignore", message=".*will save all extracted features.*")
+            kid = KernelInceptionDistance(feature=shared, normalize=True, subsets=kid_subsets, subset_size=subset).to(device)
         for images, real in ((reference, True), (generated, False)):
             for chunk in images.to(device).split(batch_size):
                 fid.update(chunk, real=real)
