@@ -38,6 +38,9 @@ BAD = [
     ("sampler.guidance=0.5", "guidance"),
     ("+experiment=jagg_routed strategy.cos_threshold=null strategy.jagg_frac=2", "jagg_frac"),
     ("grpo.train_steps=[3,1]", "train_steps"),
+    ("+experiment=jagg_routed strategy.cos_threshold=1.5", "cos_threshold"),
+    ("grpo.beta=-1", "beta"),
+    ("grpo.clip_range=0", "clip_range"),
     ("data.source=file data.prompt_file=/nonexistent/prompts.txt", "prompt_file"),
 ]
 

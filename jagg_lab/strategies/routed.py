@@ -67,6 +67,8 @@ class JaggRoutedStrategy(JaggStrategy):
         super().__init__(window=window, mode=mode, diagnose_every=diagnose_every)
         if (cos_threshold is None) == (jagg_frac is None):
             raise ValueError("set exactly one of strategy.cos_threshold and strategy.jagg_frac")
+        if cos_threshold is not None and not -1 <= cos_threshold <= 1:
+            raise ValueError(f"strategy.cos_threshold must be in [-1, 1], got {cos_threshold}")
         if jagg_frac is not None and not 0 <= jagg_frac <= 1:
             raise ValueError(f"strategy.jagg_frac must be in [0, 1], got {jagg_frac}")
         if aggregate not in ("mean", "min"):

@@ -193,7 +193,8 @@ def test_routing_thresholds_reduce_to_jagg_and_full(real):
     jagg, _ = strategy_gradient(module, JaggStrategy(window=4, mode="cached"), rollout, advantages)
     all_jagg, stats = strategy_gradient(module, JaggRoutedStrategy(window=4, cos_threshold=-1.0), rollout, advantages)
     assert rel_err(all_jagg, jagg) < 1e-5 and stats["jagg_frac"] == 1.0
-    no_jagg, stats = strategy_gradient(module, JaggRoutedStrategy(window=4, cos_threshold=1.01), rollout, advantages)
+    # Windows of > 2 steps score below 1 unless their velocities are exactly collinear.
+    no_jagg, stats = strategy_gradient(module, JaggRoutedStrategy(window=4, cos_threshold=1.0), rollout, advantages)
     assert rel_err(no_jagg, full) < 1e-5 and stats["jagg_frac"] == 0.0
     assert stats["backward_passes"] == 8
     region_scores = [v for k, v in stats.items() if k.startswith("route_score_")]
@@ -243,5 +244,7 @@ def test_bad_strategy_settings_name_the_key():
         JaggStrategy(mode="fast")
     with pytest.raises(ValueError, match="jagg_frac"):
         JaggRoutedStrategy(jagg_frac=1.5)
+    with pytest.raises(ValueError, match="cos_threshold"):
+        JaggRoutedStrategy(cos_threshold=1.5)
     with pytest.raises(ValueError, match="exactly one"):
         JaggRoutedStrategy(cos_threshold=0.5, jagg_frac=0.5)
