@@ -282,8 +282,12 @@ class GRPOModule(L.LightningModule):
         checkpoint["rollouts_done"] = self.rollouts_done
         checkpoint["skipped_steps"] = self.skipped_steps
         checkpoint["strategy"] = self.strategy.state_dict()
+        # Tensors, ints and tuples only: Lightning loads checkpoints with weights_only=True.
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["rng"] = {
-            "torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "torch": torch.get_rng_state(),
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+            "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
 
@@ -293,7 +297,8 @@ class GRPOModule(L.LightningModule):
         self.strategy.load_state_dict(checkpoint["strategy"])
         rng = checkpoint["rng"]
         torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
+        kind, keys, pos, has_gauss, gauss = rng["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
         random.setstate(rng["python"])
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])

@@ -36,11 +36,13 @@ def test_evaluate_rejects_unknown_keys_and_sources(capsys):
 def test_bench_strategies_reports_every_configuration(tmp_path):
     out = tmp_path / "bench.json"
     code = bench.main(["strategies", "checkpoint=null", "size=XS", "prompts=2", "group_size=2", "num_steps=8",
-                       "windows=[2,4]", "modes=[cached]", "repeats=1", f"out={out}"])
+                       "windows=[2,4]", "modes=[cached]", "knot_spacings=[3]", "knot_budgets=[3]", "repeats=1", f"out={out}"])
     assert code == 0
     rows = json.loads(out.read_text())["results"]
     keyed = {(r["strategy"], r["window"], r["mode"]): r for r in rows}
-    assert set(keyed) == {("full", 1, "-"), ("subsample", 2, "-"), ("subsample", 4, "-"), ("jagg", 2, "cached"), ("jagg", 4, "cached")}
+    assert set(keyed) == {("full", 1, "-"), ("subsample", 2, "-"), ("subsample", 4, "-"), ("jagg", 2, "cached"), ("jagg", 4, "cached"),
+                          ("jagg_knots", 3, "cached"), ("jagg_knots_adaptive", 3, "cached"), ("jagg_knots_even", 3, "cached")}
+    assert keyed[("jagg_knots", 3, "cached")]["backward_items"] == 4  # knots 0, 3, 6, 7
     assert keyed[("jagg", 2, "cached")]["grad_cosine"] > 0.9999
     assert keyed[("jagg", 4, "cached")]["backward_passes"] == 2 and keyed[("full", 1, "-")]["backward_passes"] == 8
 
