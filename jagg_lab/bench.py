@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from jagg_lab.grpo import GRPOConfig, group_advantages
 from jagg_lab.module import GRPOModule
 from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTPolicy, fill_zero_init_
-from jagg_lab.rewards import ShapesVerifierReward
+from jagg_lab.rewards import JpegCompressibility, ShapesVerifierReward
 from jagg_lab.sampling import SDESampler
 from jagg_lab.strategies import FullStrategy, JaggKnotsStrategy, JaggStrategy, SubsampleStrategy
 from jagg_lab.worlds.shapes import sample_prompt
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class BenchArgs:
     out: str | None = None
+    policy: str = "dit"  # dit (the shapes DiT) | sd3_random (SD3.5-Medium's transformer, random weights)
+    dtype: str = "bfloat16"  # sd3_random only
+    num_layers: int = 24  # sd3_random only (1 for a CPU smoke test)
     checkpoint: str | None = "shipped"  # "shipped" (random weights if absent), a path, or null
     size: str = "S"
     resolution: int = 32
@@ -55,7 +58,15 @@ class BenchArgs:
     seed: int = 0
 
 
-def _policy(args: BenchArgs) -> tuple[DiTPolicy, str]:
+def _policy(args: BenchArgs) -> tuple[torch.nn.Module, str]:
+    if args.policy == "sd3_random":
+        from jagg_lab.policies.diffusers_policy import DiffusersPolicy
+
+        policy = DiffusersPolicy.sd3_random(resolution=args.resolution, dtype=args.dtype, num_layers=args.num_layers,
+                                            seed=args.seed, device=args.device)
+        return policy, f"sd3_random ({args.num_layers} layers, {args.resolution} px, {args.dtype}, LoRA)"
+    if args.policy != "dit":
+        raise ValueError(f"policy must be 'dit' or 'sd3_random', got {args.policy!r}")
     checkpoint = args.checkpoint
     if checkpoint == "shipped" and not SHIPPED_CHECKPOINT.is_file():
         checkpoint = None
@@ -76,7 +87,8 @@ def bench_strategies(args: BenchArgs) -> dict:
     module = GRPOModule(
         policy=policy.to(args.device),
         sampler=SDESampler(num_steps=args.num_steps, shift=args.shift, guidance=args.guidance),
-        reward=ShapesVerifierReward(),
+        # sd3_random decodes no real image; its JPEG reward only serves to make advantages
+        reward=ShapesVerifierReward() if args.policy == "dit" else JpegCompressibility(),
         strategy=FullStrategy(),
         grpo=GRPOConfig(train_fraction=1.0),
         optimizer=lambda params: torch.optim.AdamW(params),
@@ -85,7 +97,7 @@ def bench_strategies(args: BenchArgs) -> dict:
         sample_every=0,
     ).to(args.device)
     rng = __import__("numpy").random.default_rng(args.seed)
-    prompts = [sample_prompt(rng, "train") for _ in range(args.prompts) for _ in range(args.group_size)]
+    prompts = [p for p in (sample_prompt(rng, "train") for _ in range(args.prompts)) for _ in range(args.group_size)]
     rollout = module.make_rollout(prompts, torch.Generator().manual_seed(args.seed))
     rewards = module.reward(module.policy.decode(rollout.final), prompts, [{}] * len(prompts)).to(args.device)
     group_ids = torch.arange(args.prompts, device=args.device).repeat_interleave(args.group_size)
@@ -133,8 +145,10 @@ def bench_strategies(args: BenchArgs) -> dict:
             "nograd_forwards": stats[key]["nograd_forwards"],
             "knots": [stats[key][f"knot_{i}"] for i in range(sum(k.startswith("knot_") for k in stats[key]))],
         })
+    peak = torch.cuda.max_memory_allocated(args.device) / 2**30 if args.device.startswith("cuda") else None
     machine = {
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(args.device),
+        "peak_memory_gib": peak,
         "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }

@@ -62,3 +62,14 @@ def test_pretrain_runs_resumes_and_exports_a_loadable_policy(tmp_path):
     DiTPolicy(size="XS", checkpoint=str(run / "policy.safetensors"))
     with pytest.raises(ValueError, match="does not match"):
         DiTPolicy(size="S", checkpoint=str(run / "policy.safetensors"))
+
+
+@pytest.mark.slow
+def test_bench_strategies_runs_sd3_random_policy(tmp_path):
+    out = tmp_path / "sd3.json"
+    code = bench.main(["strategies", "policy=sd3_random", "dtype=float32", "num_layers=1", "resolution=64", "prompts=1",
+                       "group_size=2", "num_steps=4", "windows=[2]", "modes=[cached]", "knot_spacings=[]", "knot_budgets=[]",
+                       "repeats=1", f"out={out}"])
+    assert code == 0
+    rows = {(r["strategy"], r["window"]): r for r in json.loads(out.read_text())["results"]}
+    assert rows[("jagg", 2)]["grad_cosine"] > 0.9999
