@@ -65,3 +65,11 @@ def test_checkpoint_writes_are_atomic(tmp_path):
         io.save_checkpoint({"a": lambda: None}, path)  # unpicklable: the write fails midway
     assert torch.equal(torch.load(path)["a"], torch.ones(3))  # the earlier checkpoint survives
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # and no temporary is left
+
+
+def test_output_dir_that_cannot_be_created_is_named(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    proc = train(f"hydra.run.dir={blocker / 'run'}", *TINY, check=False)
+    assert proc.returncode != 0 and str(blocker / "run") in proc.stderr
+    assert blocker.read_text() == "not a directory"
