@@ -181,6 +181,39 @@ class GRPOModule(L.LightningModule):
             params=self.trainable_parameters(),
         )
 
+    def accumulate_gradients(self, rollout: Rollout, advantages: torch.Tensor, chunk: torch.Tensor, on_policy: bool):
+        """Run the strategy over the micro-batches of `chunk`; returns summed stats and counts."""
+        self.policy.train()
+        micro = chunk.split(self.grpo.micro_batch_size)
+        totals: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for idx in micro:
+            stats = self.micro_batch_backward(rollout, advantages, idx, 1.0 / len(micro), on_policy=on_policy)
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value
+                counts[key] = counts.get(key, 0) + 1
+        return totals, counts
+
+    def apply_update(self, opt, finite_rewards: bool) -> float:
+        """Clip and step, unless the reward, loss or gradient is non-finite; returns the grad norm."""
+        grad_norm = math.nan
+        if finite_rewards:
+            max_norm = self.grpo.max_grad_norm or math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm).item()
+        losses_finite = all(math.isfinite(m.compute().item()) for m in self.step_metrics.values() if m.update_count)
+        if finite_rewards and math.isfinite(grad_norm) and losses_finite:
+            opt.step()
+            if self.ema is not None:
+                self.ema.update_parameters(self.policy)
+            self.bad_steps_in_a_row = 0
+        else:
+            self.skipped_steps += 1
+            self.bad_steps_in_a_row += 1
+            log.warning("non-finite reward, loss or gradient at step %d: optimizer step skipped (%d in a row)",
+                        self.global_step, self.bad_steps_in_a_row)
+        opt.zero_grad(set_to_none=True)
+        return grad_norm
+
     # ---- the GRPO step -------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> None:
         opt = self.optimizers()
@@ -208,31 +241,9 @@ class GRPOModule(L.LightningModule):
         order = torch.randperm(len(prompts), generator=generator).to(self.device)
         for j, chunk in enumerate(order.chunk(self.grpo.optimizer_steps_per_rollout)):
             t3 = time.perf_counter()
-            self.policy.train()
-            micro = chunk.split(self.grpo.micro_batch_size)
-            totals: dict[str, float] = {}
-            counts: dict[str, int] = {}
-            if finite_rewards:
-                for idx in micro:
-                    stats = self.micro_batch_backward(rollout, advantages, idx, 1.0 / len(micro), on_policy=(j == 0))
-                    for key, value in stats.items():
-                        totals[key] = totals.get(key, 0.0) + value
-                        counts[key] = counts.get(key, 0) + 1
-            params = self.trainable_parameters()
-            max_norm = self.grpo.max_grad_norm or math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if finite_rewards else math.nan
-            losses_finite = all(math.isfinite(m.compute().item()) for m in self.step_metrics.values() if m.update_count)
-            if finite_rewards and math.isfinite(grad_norm) and losses_finite:
-                opt.step()
-                if self.ema is not None:
-                    self.ema.update_parameters(self.policy)
-                self.bad_steps_in_a_row = 0
-            else:
-                self.skipped_steps += 1
-                self.bad_steps_in_a_row += 1
-                log.warning("non-finite reward, loss or gradient at step %d: optimizer step skipped (%d in a row)",
-                            self.global_step, self.bad_steps_in_a_row)
-            opt.zero_grad(set_to_none=True)
+            # The first optimizer step on a rollout is on-policy; later ones see moved parameters.
+            totals, counts = self.accumulate_gradients(rollout, advantages, chunk, on_policy=(j == 0)) if finite_rewards else ({}, {})
+            grad_norm = self.apply_update(opt, finite_rewards)
             t4 = time.perf_counter()
 
             row = {
