@@ -6,7 +6,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from jagg_lab.strategies.core import StepLossFn, VelocityFn, full_step_backward, partition_windows
+from jagg_lab.strategies.core import StepLossFn, VelocityFn, full_backward, partition_windows
 
 __all__ = ["GradientStrategy"]
 
@@ -18,11 +18,6 @@ def _flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
 def _zero(params: list[torch.Tensor]) -> None:
     for p in params:
         p.grad = None
-
-
-def _full(velocity_fn, states, noise_levels, step_loss_fn) -> None:
-    for k, (state, s) in enumerate(zip(states, noise_levels)):
-        full_step_backward(velocity_fn, state, float(s), k, step_loss_fn)
 
 
 class GradientStrategy(ABC):
@@ -87,7 +82,7 @@ class GradientStrategy(ABC):
         own = [p.grad for p in params]
         g_strategy = _flat_grad(params)
         _zero(params)
-        _full(velocity_fn, states, noise_levels, step_loss_fn)
+        full_backward(velocity_fn, states, noise_levels, step_loss_fn)
         g_full = _flat_grad(params)
         stats["grad_cosine"] = torch.nn.functional.cosine_similarity(g_strategy, g_full, dim=0).item()
         stats["grad_norm_ratio"] = (g_strategy.norm() / g_full.norm().clamp_min(1e-30)).item()
@@ -103,7 +98,7 @@ class GradientStrategy(ABC):
             self.backward(velocity_fn, sub_states, sub_levels, sub_loss, sub_vel, on_policy)
             g_w = _flat_grad(params)
             _zero(params)
-            _full(velocity_fn, sub_states, sub_levels, sub_loss)
+            full_backward(velocity_fn, sub_states, sub_levels, sub_loss)
             stats[f"grad_cosine_w{w}"] = torch.nn.functional.cosine_similarity(g_w, _flat_grad(params), dim=0).item()
         for p, before, mine in zip(params, saved, own):
             p.grad = mine if before is None else (before if mine is None else before + mine)

@@ -19,6 +19,7 @@ __all__ = [
     "partition_windows",
     "interpolation_weights",
     "full_step_backward",
+    "full_backward",
     "noise_level_batch",
     "MODES",
     "check_mode",
@@ -110,3 +111,16 @@ def effective_mode(mode: str, on_policy: bool) -> tuple[str, int]:
     if mode == "cached" and not on_policy:
         return "recompute", 1
     return mode, 0
+
+
+def full_backward(
+    velocity_fn: VelocityFn,
+    states: Sequence[torch.Tensor],
+    noise_levels: Sequence[float],
+    step_loss_fn: StepLossFn,
+) -> dict[str, float]:
+    """Accumulate the exact gradient of sum_k L_k into .grad: K forwards with grad, K backwards."""
+    stats = BackwardStats()
+    for k, (state, s) in enumerate(zip(states, noise_levels)):
+        stats.add(full_step_backward(velocity_fn, state, float(s), k, step_loss_fn))
+    return stats.as_dict()
