@@ -4,6 +4,11 @@ One training_step = one rollout batch: prompts -> SDE rollouts (no grad) -> rewa
 group advantages -> for each optimizer step: the gradient strategy over micro-batches ->
 clip -> step -> one metrics row. Manual optimization, because GRPO takes several
 optimizer steps per batch and the strategy, not Lightning, runs the backward passes.
+
+Across processes (Lightning DDP), every rank sees the same prompts and samples its own
+contiguous rows of the global batch with its own noise; rewards are gathered so that
+advantages are computed over whole groups; the strategy's backward passes run outside
+DDP's reducer and the accumulated gradients are all-reduced once per optimizer step.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from torchmetrics import MeanMetric
 from jagg_lab.grpo import GRPOConfig, StepStats, group_advantages
 from jagg_lab.policies import guided_velocity
 from jagg_lab.rewards.base import Reward, check_scores
-from jagg_lab.sampling import SDESampler, sde_rollout
+from jagg_lab.sampling import SDESampler, sde_rollout, shard_noise
 from jagg_lab.strategies import BackwardStats, GradientStrategy
 from jagg_lab.types import Cond, Rollout, cat_cond, index_cond
 
@@ -128,11 +133,37 @@ class GRPOModule(L.LightningModule):
 
         return call
 
+    # ---- processes ---------------------------------------------------------------
+    @property
+    def shard(self) -> tuple[int, int]:
+        """(rank, world_size) of this process; (0, 1) outside a distributed trainer."""
+        trainer = self._trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def gather_rows(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows of a batch, concatenated in global row order."""
+        if self.shard[1] == 1:
+            return local
+        return self.all_gather(local.contiguous()).flatten(0, 1)
+
+    def sync_gradients(self) -> None:
+        """Sum the accumulated gradients over ranks: the one collective of an optimizer step.
+        Each rank's micro-batches were scaled by their share of the global batch, so the sum
+        is the gradient of the global mean loss."""
+        if self.shard[1] == 1:
+            return
+        params = self.trainable_parameters()
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        flat = self.trainer.strategy.reduce(flat, reduce_op="sum")
+        for p, grad in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = grad.view_as(p)
+
     def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout:
+        """SDE rollouts of this rank's rows; `generator` is shared by all ranks (see shard_noise)."""
         with torch.inference_mode():
             cond = self.policy.encode_prompts(prompts)
             null_cond = self.policy.encode_prompts([""])
-        noise = torch.randn((len(prompts), *self.policy.sample_shape), generator=generator).to(self.device)
+        noise = shard_noise((len(prompts), *self.policy.sample_shape), generator, self.shard, self.device)
         ref_fn = self.velocity_fn(self.ref_policy, cond, null_cond) if self.ref_policy is not None else None
         rollout = sde_rollout(
             self.velocity_fn(self.policy, cond, null_cond),
@@ -144,6 +175,7 @@ class GRPOModule(L.LightningModule):
             reduction=self.sampler.log_prob_reduction,
             ref_velocity_fn=ref_fn,
             generator=generator,
+            shard=self.shard,
         )
         return rollout.for_training()
 
@@ -181,14 +213,16 @@ class GRPOModule(L.LightningModule):
             params=self.trainable_parameters(),
         )
 
-    def accumulate_gradients(self, rollout: Rollout, advantages: torch.Tensor, chunk: torch.Tensor, on_policy: bool):
-        """Run the strategy over the micro-batches of `chunk`; returns summed stats and counts."""
+    def accumulate_gradients(self, rollout: Rollout, advantages: torch.Tensor, chunk: torch.Tensor, on_policy: bool,
+                             chunk_size: int | None = None):
+        """Run the strategy over the micro-batches of `chunk` (this rank's rows of an optimizer
+        step's `chunk_size` samples, default all of them); returns summed stats and counts."""
         self.policy.train()
-        micro = chunk.split(self.grpo.micro_batch_size)
+        chunk_size = chunk_size or len(chunk)
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
-        for idx in micro:
-            stats = self.micro_batch_backward(rollout, advantages, idx, 1.0 / len(micro), on_policy=on_policy)
+        for idx in chunk.split(self.grpo.micro_batch_size):
+            stats = self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy=on_policy)
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value
                 counts[key] = counts.get(key, 0) + 1
@@ -197,10 +231,12 @@ class GRPOModule(L.LightningModule):
     def apply_update(self, opt, finite_rewards: bool) -> float:
         """Clip and step, unless the reward, loss or gradient is non-finite; returns the grad norm."""
         grad_norm = math.nan
-        if finite_rewards:
+        losses_finite = True
+        if finite_rewards:  # the same on every rank: rewards are gathered before this
+            self.sync_gradients()
             max_norm = self.grpo.max_grad_norm or math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm).item()
-        losses_finite = all(math.isfinite(m.compute().item()) for m in self.step_metrics.values() if m.update_count)
+            losses_finite = all(math.isfinite(value) for value in self.step_means().values())
         if finite_rewards and math.isfinite(grad_norm) and losses_finite:
             opt.step()
             if self.ema is not None:
@@ -215,10 +251,23 @@ class GRPOModule(L.LightningModule):
         return grad_norm
 
     # ---- the GRPO step -------------------------------------------------------------
+    def step_means(self) -> dict[str, float]:
+        """The optimizer step's loss statistics, averaged over every rank's micro-batches."""
+        return {name: metric.compute().item() for name, metric in self.step_metrics.items()}
+
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Advantages of the whole global batch (every rank computes the same ones)."""
+        return group_advantages(rewards, group_ids, std=self.grpo.adv_std, clip_max=self.grpo.adv_clip_max)
+
     def training_step(self, batch: dict, batch_idx: int) -> None:
         opt = self.optimizers()
-        prompts = [p for p in batch["prompts"] for _ in range(self.group_size)]
-        metadata = [m for m in batch["metadata"] for _ in range(self.group_size)]
+        rank, world = self.shard
+        total = len(batch["prompts"]) * self.group_size
+        if total % world:
+            raise ValueError(f"{total} samples per step do not split over {world} processes")
+        rows = slice(rank * total // world, (rank + 1) * total // world)
+        prompts = [p for p in batch["prompts"] for _ in range(self.group_size)][rows]
+        metadata = [m for m in batch["metadata"] for _ in range(self.group_size)][rows]
         group_ids = torch.arange(len(batch["prompts"]), device=self.device).repeat_interleave(self.group_size)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done)
 
@@ -228,28 +277,36 @@ class GRPOModule(L.LightningModule):
         t1 = time.perf_counter()
         images = self.policy.decode(rollout.final)
         components = self.reward.components(images, prompts, metadata)
-        rewards = check_scores(components["reward"], len(prompts), self.reward.name).to(self.device)
+        local_rewards = check_scores(components["reward"], len(prompts), self.reward.name).to(self.device)
+        rewards = self.gather_rows(local_rewards.float())
         t2 = time.perf_counter()
         finite_rewards = bool(torch.isfinite(rewards).all())
         if not finite_rewards:
             bad = int((~torch.isfinite(rewards)).sum())
             log.warning("reward %r gave %d non-finite scores at step %d; skipping this rollout", self.reward.name, bad, self.global_step)
             rewards = torch.nan_to_num(rewards, nan=0.0, posinf=0.0, neginf=0.0)
-        advantages = group_advantages(rewards, group_ids, std=self.grpo.adv_std, clip_max=self.grpo.adv_clip_max)
+        advantages = self.advantages(rewards, group_ids)
+        component_means = {k: self.gather_rows(v.float().to(self.device)).nanmean().item() for k, v in components.items() if k != "reward"}
         self.maybe_save_grid(images)
 
-        order = torch.randperm(len(prompts), generator=generator).to(self.device)
+        # The permutation is over the global batch, so optimizer steps hold the same samples
+        # whatever the number of processes; each rank trains its own rows of each.
+        order = torch.randperm(total, generator=generator).to(self.device)
         for j, chunk in enumerate(order.chunk(self.grpo.optimizer_steps_per_rollout)):
             t3 = time.perf_counter()
+            local = chunk[(chunk >= rows.start) & (chunk < rows.stop)] - rows.start
             # The first optimizer step on a rollout is on-policy; later ones see moved parameters.
-            totals, counts = self.accumulate_gradients(rollout, advantages, chunk, on_policy=(j == 0)) if finite_rewards else ({}, {})
+            totals, counts = ({}, {})
+            if finite_rewards:
+                totals, counts = self.accumulate_gradients(rollout, advantages[rows], local, on_policy=(j == 0), chunk_size=len(chunk))
             grad_norm = self.apply_update(opt, finite_rewards)
             t4 = time.perf_counter()
 
+            means = self.step_means() if finite_rewards else {name: math.nan for name in self.step_metrics}
             row = {
                 "reward_mean": rewards.mean().item(),
                 "reward_std": rewards.std(unbiased=False).item(),
-                **{name: (metric.compute().item() if metric.update_count else math.nan) for name, metric in self.step_metrics.items()},
+                **means,
                 "grad_norm": grad_norm,
                 "time_rollout_s": t1 - t0 if j == 0 else 0.0,
                 "time_reward_s": t2 - t1 if j == 0 else 0.0,
@@ -257,13 +314,13 @@ class GRPOModule(L.LightningModule):
                 "lr": opt.param_groups[0]["lr"],
                 "skipped_steps": self.skipped_steps,
             }
-            row.update({f"reward_{k}": v.float().mean().item() for k, v in components.items() if k != "reward"})
+            row.update({f"reward_{k}": v for k, v in component_means.items() if math.isfinite(v)})
             row.update({k: (v if k in _SUMMED else v / counts[k]) for k, v in totals.items() if k != "loss"})
             for metric in self.step_metrics.values():
                 metric.reset()
             for logger in self.loggers:
                 logger.log_metrics(row, step=self.global_step)
-            self.log_dict({"reward": row["reward_mean"], "loss": row["loss"]}, prog_bar=True, logger=False, batch_size=len(prompts))
+            self.log_dict({"reward": row["reward_mean"], "loss": row["loss"]}, prog_bar=True, logger=False, batch_size=total)
             if self.bad_steps_in_a_row >= self.max_bad_steps:
                 raise RuntimeError(
                     f"{self.bad_steps_in_a_row} optimizer steps in a row had a non-finite reward, loss or gradient "
@@ -272,17 +329,19 @@ class GRPOModule(L.LightningModule):
         self.rollouts_done += 1
 
     def maybe_save_grid(self, images: torch.Tensor) -> None:
+        """Every sample_every rollouts, the first 64 samples of the global batch as a PNG (rank 0)."""
         if not (self.sample_every and self.run_dir) or self.rollouts_done % self.sample_every:
             return
-        if self.trainer is not None and not self.trainer.is_global_zero:
+        images = self.gather_rows(images.float())
+        if self._trainer is not None and not self._trainer.is_global_zero:
             return
         out = self.run_dir / "samples"
         out.mkdir(parents=True, exist_ok=True)
-        torchvision.utils.save_image(images[:64].float().cpu(), out / f"step_{self.global_step:06d}.png", nrow=self.group_size)
+        torchvision.utils.save_image(images[:64].cpu(), out / f"step_{self.global_step:06d}.png", nrow=self.group_size)
 
     def on_train_end(self) -> None:
         """Export the trained weights (and the EMA's) where `jagg_lab.evaluate checkpoint=` reads them."""
-        if not (self.run_dir and hasattr(self.policy, "save")) or (self.trainer is not None and not self.trainer.is_global_zero):
+        if not (self.run_dir and hasattr(self.policy, "save")) or (self._trainer is not None and not self._trainer.is_global_zero):
             return
         self.policy.save(self.run_dir / "policy.safetensors")
         if self.ema is not None:

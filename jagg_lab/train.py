@@ -4,10 +4,15 @@
 
 Everything that can be checked is checked before any model is built or any file is
 written into the run directory; a run never reuses a directory that holds a run.
+
+Multi-process runs (trainer=ddp_cpu / ddp) start as one process that validates the config
+and owns the run directory; the processes Lightning then starts (or a cluster launcher
+starts next to it) re-enter here, build the same model and write nothing of their own.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +24,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from jagg_lab.checkpointing import AtomicCheckpointIO
@@ -53,6 +59,26 @@ def read_checkpoint(path: str) -> dict:
     return state
 
 
+def is_launch_process() -> bool:
+    """True in the process that owns the run directory: global rank 0 of the run, as told by
+    Lightning's launcher or a cluster (RANK, LOCAL_RANK, SLURM_PROCID and NODE_RANK)."""
+    return rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+
+
+def check_world_size(cfg: DictConfig, samples_per_step: int) -> None:
+    """The global batch must split evenly over the processes (when their number is known)."""
+    devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
+    if not (isinstance(devices, int) and isinstance(nodes, int)):
+        return  # "auto" / lists: checked by the module once the trainer knows
+    if devices < 1 or nodes < 1:
+        raise ConfigError(f"trainer.devices ({devices}) and trainer.num_nodes ({nodes}) must be >= 1")
+    if samples_per_step % (devices * nodes):
+        raise ConfigError(
+            f"data.prompts_per_step * data.group_size = {samples_per_step} samples do not split over "
+            f"trainer.devices * trainer.num_nodes = {devices * nodes} processes"
+        )
+
+
 def _instantiate(cfg: DictConfig, key: str):
     try:
         return instantiate(cfg[key])
@@ -63,7 +89,9 @@ def _instantiate(cfg: DictConfig, key: str):
 
 def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataModule, L.Trainer]:
     """Validate and build the run. Cheap parts first, so bad values fail before the policy loads."""
-    check_fresh_run_dir(run_dir)
+    owner = is_launch_process()
+    if owner:
+        check_fresh_run_dir(run_dir)
     resume_state = read_checkpoint(cfg.resume) if cfg.resume is not None else None
     sampler = _instantiate(cfg, "sampler")
     grpo = _instantiate(cfg, "grpo")
@@ -74,6 +102,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
         grpo.trained_steps(sampler.num_steps)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    check_world_size(cfg, data.samples_per_step)
     if resume_state is not None:
         data.start_index = resume_state["rollouts_done"]
     optimizer = _instantiate(cfg, "optimizer")
@@ -87,7 +116,8 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
             raise ConfigError(f"data.prompt_file: {err}") from err
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    if owner:
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     module = GRPOModule(
         policy=policy, sampler=sampler, reward=reward, strategy=strategy, grpo=grpo, optimizer=optimizer,
         group_size=data.group_size, seed=cfg.seed, sample_every=cfg.sample_every, run_dir=str(run_dir),
@@ -113,9 +143,10 @@ def main(cfg: DictConfig) -> None:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it before the config was checked; leave no trace
         sys.exit(f"jagg_lab.train: invalid configuration: {err}")
-    handler = logging.FileHandler(run_dir / "train.log")
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-    logging.getLogger().addHandler(handler)
+    if is_launch_process():
+        handler = logging.FileHandler(run_dir / "train.log")
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        logging.getLogger().addHandler(handler)
     log.info("run directory: %s", run_dir)
     trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
 

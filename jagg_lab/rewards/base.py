@@ -2,7 +2,9 @@
 
 images: (B, 3, H, W) float in [0, 1]; prompts: B strings; metadata: B dicts.
 A reward may report per-sample side values (accuracy, components) through
-`components`, whose "reward" entry is the score itself; the module logs the rest.
+`components`, whose "reward" entry is the score itself; the module logs the mean of the
+rest. Every entry is (B,), with NaN where a value does not apply to a sample, and the keys
+do not depend on the batch's contents (processes gather them entry by entry).
 """
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ class ShapesVerifierReward(Reward):
         dense, strict, categories = verify_batch(images.detach().float().cpu(), prompts)
         strict = strict.float()
         out = {"reward": dense if self.dense else strict, "dense": dense, "strict": strict}
-        for category in CATEGORIES:
+        for category in CATEGORIES:  # NaN for samples of other categories
             mask = torch.tensor([c == category for c in categories])
-            if mask.any():
-                out[f"strict_{category}"] = strict[mask]
+            out[f"strict_{category}"] = torch.where(mask, strict, torch.nan)
         return out

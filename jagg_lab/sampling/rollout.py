@@ -8,10 +8,31 @@ import torch
 from jagg_lab.sampling.sde import ode_step, sde_mean, sde_std, sde_step
 from jagg_lab.types import Cond, Rollout
 
-__all__ = ["VelocityFn", "sde_rollout", "ode_sample"]
+__all__ = ["VelocityFn", "sde_rollout", "ode_sample", "shard_noise"]
 
 # velocity_fn(x (B, *X), s (B,)) -> v (B, *X)
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def shard_noise(
+    shape: tuple[int, ...],
+    generator: torch.Generator | None,
+    shard: tuple[int, int] = (0, 1),
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Standard normal noise for one process's rows of a batch split across processes.
+
+    shape is this process's (B, *X); shard = (rank, world_size). The noise of the whole
+    (world_size * B) batch is drawn and this rank's contiguous rows are kept, so a sample's
+    noise depends only on the generator and its global row: ranks never share noise, and
+    a 2-process run samples exactly what a 1-process run of the same global batch does.
+    """
+    rank, world = shard
+    if not 0 <= rank < world:
+        raise ValueError(f"shard rank {rank} is outside a world of {world} processes")
+    full = torch.randn((world * shape[0], *shape[1:]), generator=generator, dtype=dtype)
+    return full[rank * shape[0]:(rank + 1) * shape[0]].to(device)
 
 
 @torch.inference_mode()
@@ -26,11 +47,13 @@ def sde_rollout(
     reduction: str = "mean",
     ref_velocity_fn: VelocityFn | None = None,
     generator: torch.Generator | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> Rollout:
     """Sample x_0 ~ noise -> x_T with the SDE, recording everything GRPO re-evaluates.
 
     `initial_noise` is (B, *X); `noise_levels` is (T + 1,). The reference policy (for KL)
-    is evaluated at the same states, so its means are cached once here.
+    is evaluated at the same states, so its means are cached once here. shard = (rank,
+    world_size) when the batch is this process's rows of a larger one (see shard_noise).
     """
     x = initial_noise
     levels = noise_levels.tolist()
@@ -41,7 +64,7 @@ def sde_rollout(
         s, s_next = levels[k], levels[k + 1]
         s_vec = torch.full((batch,), s, device=x.device, dtype=x.dtype)
         v = velocity_fn(x, s_vec)
-        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        noise = shard_noise(tuple(x.shape), generator, shard, x.device, x.dtype)
         step = sde_step(
             x, v, s, s_next,
             noise_level=noise_level, s_first_below_one=s_first_below_one, noise=noise, reduction=reduction,
