@@ -9,6 +9,7 @@ checkpoints, and at the end the EMA weights exported as a safetensors policy che
 from __future__ import annotations
 
 import copy
+from functools import partial
 import logging
 import sys
 from pathlib import Path
@@ -37,16 +38,21 @@ def _collate(items: list[dict]) -> dict:
 
 class PretrainModule(L.LightningModule):
     """policy: a DiTPolicy. lr, warmup_steps, weight_decay: AdamW with linear warmup.
+    decay_steps: the learning rate falls linearly to 0 over the run's last decay_steps steps
+    (warmup-stable-decay; 0 keeps it constant). The end is trainer.max_steps, so a resumed run
+    with a larger max_steps cools down a model that trained at constant rate.
     caption_dropout: share of prompts replaced by the null prompt. ema_decay: EMA of weights.
     eval_every / eval_samples / eval_steps / eval_guidance: held-out ODE accuracy of the EMA."""
 
-    def __init__(self, policy, lr=3e-4, warmup_steps=500, weight_decay=0.0, caption_dropout=0.1, ema_decay=0.999,
-                 eval_every=1000, eval_samples=96, eval_steps=20, eval_guidance=3.0, seed=0):
+    def __init__(self, policy, lr=3e-4, warmup_steps=500, weight_decay=0.0, decay_steps=0, caption_dropout=0.1,
+                 ema_decay=0.999, eval_every=1000, eval_samples=96, eval_steps=20, eval_guidance=3.0, seed=0):
         super().__init__()
+        if decay_steps < 0:
+            raise ValueError(f"module.decay_steps must be >= 0, got {decay_steps}")
         policy.text_encoder.requires_grad_(True)  # trained jointly here, frozen in RL
         self.policy = policy
         self.ema = AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(ema_decay), use_buffers=True)
-        self.lr, self.warmup_steps, self.weight_decay = lr, warmup_steps, weight_decay
+        self.lr, self.warmup_steps, self.weight_decay, self.decay_steps = lr, warmup_steps, weight_decay, decay_steps
         self.caption_dropout = caption_dropout
         self.eval_every, self.eval_samples, self.eval_steps, self.eval_guidance = eval_every, eval_samples, eval_steps, eval_guidance
         self.generator = torch.Generator().manual_seed(seed)
@@ -80,8 +86,17 @@ class PretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad], lr=self.lr, weight_decay=self.weight_decay)
-        warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(1, self.warmup_steps)))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, warmup_steps=self.warmup_steps,
+                                                                  decay_steps=self.decay_steps, max_steps=self.trainer.max_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def lr_factor(step: int, warmup_steps: int, decay_steps: int, max_steps: int) -> float:
+    """Warmup-stable-decay: linear warmup, constant, then linear to 0 over the last decay_steps."""
+    warm = min(1.0, (step + 1) / max(1, warmup_steps))
+    if decay_steps <= 0:
+        return warm
+    return min(warm, max(0.0, (max_steps - step) / decay_steps))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="pretrain")
