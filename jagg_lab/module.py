@@ -257,7 +257,11 @@ class GRPOModule(L.LightningModule):
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Advantages of the whole global batch (every rank computes the same ones)."""
-        return group_advantages(rewards, group_ids, std=self.grpo.adv_std, clip_max=self.grpo.adv_clip_max)
+        advantages = group_advantages(rewards, group_ids, std=self.grpo.adv_std, clip_max=self.grpo.adv_clip_max)
+        if self.grpo.shuffle_advantages:
+            shuffle = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done + 1)
+            advantages = advantages[torch.randperm(len(advantages), generator=shuffle).to(advantages.device)]
+        return advantages
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         opt = self.optimizers()

@@ -18,6 +18,9 @@ class GRPOConfig:
     shuffled and split into this many optimizer steps (the first is on-policy).
     micro_batch_size: samples per backward micro-batch (gradient accumulation inside a step).
     max_grad_norm: gradient clipping (0 = off). ema_decay: EMA of the policy (null = off).
+    shuffle_advantages: a control run: advantages are permuted across the batch, keeping
+    their distribution and every other cost but cutting their link to the samples; a gain
+    claimed for a real run should beat it.
     """
 
     clip_range: float = 1e-4
@@ -30,6 +33,7 @@ class GRPOConfig:
     micro_batch_size: int = 32
     max_grad_norm: float = 1.0
     ema_decay: float | None = None
+    shuffle_advantages: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.train_fraction <= 1:

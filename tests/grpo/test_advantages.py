@@ -37,3 +37,14 @@ def test_group_config_validation_names_the_key():
         GRPOConfig(optimizer_steps_per_rollout=3, micro_batch_size=1).check_batch(16)
     assert GRPOConfig(train_fraction=0.6).trained_steps(10) == [0, 1, 2, 3, 4, 5]
     assert GRPOConfig(train_steps=[1, 3]).trained_steps(10) == [1, 3]
+
+
+def test_shuffled_advantages_control_keeps_the_values_but_not_their_samples():
+    from tests.conftest import make_module
+
+    rewards = torch.arange(16, dtype=torch.float32)
+    group_ids = torch.arange(4).repeat_interleave(4)
+    real = make_module().advantages(rewards, group_ids)
+    control = make_module(shuffle_advantages=True).advantages(rewards, group_ids)
+    assert torch.equal(control.sort().values, real.sort().values)
+    assert not torch.equal(control, real)
