@@ -1,15 +1,20 @@
 """Does the default experiment improve the base policy within a CPU budget?
 
-    python experiments/default_gain.py experiments=full,jagg_w4 seeds=0 minutes=15 n_eval=128 out=outputs/gain
+    python experiments/default_gain.py experiments=jagg_w4,full seeds=0,1 minutes=15 n_eval=512 out=outputs/gain
 
 For each experiment x seed: train `python -m jagg_lab.train +experiment=E seed=S` for at most
 `minutes` of wall time, then score the trained policy with `python -m jagg_lab.evaluate`
-(ODE, held-out prompts, fixed seeds) next to the shipped base policy; writes
-`OUT/gain.json` and a Markdown table `OUT/gain.md`.
+(ODE, held-out prompts, the same prompts and noise for every policy) next to the shipped
+base policy. With `control=true` the first experiment is also trained with
+`grpo.shuffle_advantages=true` (same costs, advantages cut from their samples): a gain
+should beat that control, not just the base. Writes `OUT/gain.json` and a Markdown table
+`OUT/gain.md` (per run, then mean +- std per arm).
 """
 from __future__ import annotations
 
+import csv
 import json
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -20,10 +25,11 @@ from omegaconf import OmegaConf
 
 @dataclass
 class Args:
-    experiments: list[str] = field(default_factory=lambda: ["full", "jagg_w4"])
+    experiments: list[str] = field(default_factory=lambda: ["jagg_w4", "full"])
     seeds: list[int] = field(default_factory=lambda: [0])
+    control: bool = True
     minutes: float = 15.0
-    n_eval: int = 128
+    n_eval: int = 512
     eval_seed: int = 1
     out: str = "outputs/gain"
     overrides: list[str] = field(default_factory=list)  # extra training overrides, e.g. ["optimizer.lr=1e-4"]
@@ -39,25 +45,55 @@ def evaluate(out_json: Path, args: Args, checkpoint: str) -> dict:
     return json.loads(out_json.read_text())
 
 
+def arms(args: Args) -> list[tuple[str, str, list[str]]]:
+    """(arm name, experiment, extra overrides) for every arm to train."""
+    out = [(e, e, []) for e in args.experiments]
+    if args.control:
+        out.append((f"{args.experiments[0]}+shuffled", args.experiments[0], ["grpo.shuffle_advantages=true"]))
+    return out
+
+
 def main() -> None:
     args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Args), OmegaConf.from_cli(sys.argv[1:])))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier comparison
     h, m = divmod(int(args.minutes * 60), 3600)
     budget = f"00:{h:02d}:{m // 60:02d}:{m % 60:02d}"
-    rows = [{"experiment": "base", "seed": "-", **_summary(evaluate(out / "base.json", args, "shipped"))}]
-    for experiment in args.experiments:
+    base = _summary(evaluate(out / "base.json", args, "shipped"))
+    rows = [{"arm": "base", "seed": "-", "steps": 0, **base}]
+    for arm, experiment, extra in arms(args):
         for seed in args.seeds:
-            run_dir = out / f"{experiment}_seed{seed}"
+            run_dir = out / f"{arm.replace('+', '_')}_seed{seed}"
             run(["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}", f"trainer.max_time={budget}",
-                 "trainer.max_steps=100000", f"hydra.run.dir={run_dir}", *args.overrides])
-            result = evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors"))
-            rows.append({"experiment": experiment, "seed": seed, **_summary(result)})
-    (out / "gain.json").write_text(json.dumps(rows, indent=2) + "\n")
-    lines = ["| experiment | seed | held-out strict | dense |", "|---|---|---|---|"]
-    lines += [f"| {r['experiment']} | {r['seed']} | {r['strict_accuracy']:.3f} | {r['dense_score']:.3f} |" for r in rows]
+                 "trainer.max_steps=100000", f"hydra.run.dir={run_dir}", *extra, *args.overrides])
+            with open(run_dir / "metrics.csv") as f:
+                steps = sum(1 for _ in csv.DictReader(f))
+            result = _summary(evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors")))
+            rows.append({"arm": arm, "seed": seed, "steps": steps, **result})
+    for row in rows:
+        row["strict_gain"] = row["strict_accuracy"] - base["strict_accuracy"]
+        row["dense_gain"] = row["dense_score"] - base["dense_score"]
+    summary = [_arm_summary(name, [r for r in rows if r["arm"] == name]) for name in dict.fromkeys(r["arm"] for r in rows)]
+    (out / "gain.json").write_text(json.dumps({"args": OmegaConf.to_container(OmegaConf.structured(args)),
+                                               "runs": rows, "arms": summary}, indent=2) + "\n")
+    lines = [f"held-out prompts, n = {args.n_eval} (evaluate seed {args.eval_seed}); training budget {args.minutes:g} min per run", "",
+             "| arm | seed | steps | held-out strict | gain | dense | gain |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['seed']} | {r['steps']} | {r['strict_accuracy']:.3f} | {r['strict_gain']:+.3f} "
+              f"| {r['dense_score']:.3f} | {r['dense_gain']:+.3f} |" for r in rows]
+    lines += ["", "| arm | runs | strict gain (mean +- std) | dense gain (mean +- std) |", "|---|---|---|---|"]
+    lines += [f"| {a['arm']} | {a['runs']} | {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} "
+              f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} |" for a in summary]
     (out / "gain.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _arm_summary(arm: str, rows: list[dict]) -> dict:
+    def spread(key: str) -> tuple[float, float]:
+        values = [r[key] for r in rows]
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+    (sm, ss), (dm, ds) = spread("strict_gain"), spread("dense_gain")
+    return {"arm": arm, "runs": len(rows), "strict_gain_mean": sm, "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds}
 
 
 def _summary(result: dict) -> dict:
