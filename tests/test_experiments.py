@@ -1,0 +1,258 @@
+"""Sweeps, collation, the quality table and the KL to the base policy, on tiny settings."""
+from __future__ import annotations
+
+import copy
+import csv
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from torch import nn
+
+from jagg_lab.evaluate import eval_prompts
+from jagg_lab.quality import trajectory_kl
+from jagg_lab.runs import aggregate, load_run, summarize
+from jagg_lab.sampling import noise_schedule, sde_std
+from tests.conftest import CONF_DIR, randomized_policy
+from tests.test_train_cli import REPO, TINY
+
+SWEEPS = ("sweep_windows", "sweep_routing", "sweep_routing_frac", "sweep_resolution")
+
+
+def run_cmd(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def make_tiny_runs(tmp_path_factory) -> Path:
+    """Two tiny Hydra multiruns, built once per test session (tests/test_notebook.py reuses them):
+    ROOT/windows, the jagg_w4 window sweep (jobs 0 and 1), and ROOT/routing, sweep_routing with
+    thresholds -1 (every window through JAGG) and 0.99 on 12 trained steps (3 windows)."""
+    root = tmp_path_factory.getbasetemp() / "tiny_runs"
+    if not (root / "done").is_file():
+        run_cmd("-m", "jagg_lab.train", "--multirun", "+experiment=jagg_w4", "strategy.window=2,4", "trainer.max_steps=1",
+                f"hydra.sweep.dir={root / 'windows'}", *TINY)
+        run_cmd("-m", "jagg_lab.train", "--multirun", "+experiment=sweep_routing", "strategy.cos_threshold=-1.0,0.99", "seed=0",
+                "trainer.max_steps=1", f"hydra.sweep.dir={root / 'routing'}", *TINY[:-1], "sampler.num_steps=12")
+        (root / "done").touch()
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory) -> Path:
+    return make_tiny_runs(tmp_path_factory)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ---- sweeps and launchers -----------------------------------------------------------
+
+def test_tiny_multirun_writes_one_metrics_csv_per_job(tiny_runs):
+    windows = tiny_runs / "windows"
+    assert sorted(p.name for p in windows.iterdir() if p.is_dir()) == ["0", "1"]
+    for job, window in (("0", 2), ("1", 4)):
+        rows = read_csv(windows / job / "metrics.csv")
+        assert len(rows) == 1 and "reward_mean" in rows[0]
+        assert f"window: {window}" in (windows / job / "config.yaml").read_text()
+    routed = [read_csv(tiny_runs / "routing" / job / "metrics.csv")[0] for job in ("0", "1")]
+    assert float(routed[0]["jagg_frac"]) == 1.0  # cos_threshold -1: every window through JAGG
+    assert {"jagg_frac_high", "jagg_frac_low", "route_score_mid"} <= set(routed[1])
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="train", overrides=overrides, return_hydra_config=True)
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_every_job_of_every_sweep_composes_and_builds(sweep):
+    """Expand hydra.sweeper.params as the sweeper does; each job's strategy and policy build."""
+    params = compose_train([f"+experiment={sweep}"]).hydra.sweeper.params
+    assert params and "seed" in params
+    parser = OverridesParser.create()
+    axes = [[f"{key}={value}" for value in parser.parse_overrides([f"{key}={values}"])[0].sweep_string_iterator()]
+            for key, values in params.items()]
+    jobs = list(itertools.product(*axes))
+    assert len(jobs) >= 9
+    for job in jobs:
+        if "seed=0" not in job:
+            continue  # seeds change nothing that is built
+        cfg = compose_train([f"+experiment={sweep}", *job])
+        instantiate(cfg.strategy)
+        if sweep == "sweep_resolution":
+            assert cfg.policy.checkpoint is None  # the shipped base is 32 px only
+            policy = instantiate(cfg.policy, size="XS")
+            resolution = cfg.policy.resolution
+            x = torch.zeros(1, 3, resolution, resolution)
+            assert policy(x, torch.ones(1), policy.encode_prompts(["a red circle"])).shape == x.shape
+
+
+def test_launchers_compose():
+    local = compose_train(["hydra/launcher=local"]).hydra.launcher
+    assert local._target_.endswith("JoblibLauncher") and local.n_jobs >= 1
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    slurm = compose_train(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"]).hydra.launcher
+    assert slurm._target_.endswith("SlurmLauncher") and slurm.partition == "gpu"
+    assert {"timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb"} <= set(slurm)
+
+
+# ---- run summaries ------------------------------------------------------------------
+
+def fake_run(path: Path, seed: int, window: int, rewards: list[float], gradient_s: list[float], cosines=None) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"seed: {seed}\nstrategy:\n  window: {window}\ndata:\n  seed: {seed}\n")
+    metrics = pd.DataFrame({"step": range(1, len(rewards) + 1), "reward_mean": rewards, "time_rollout_s": 1.0,
+                            "time_reward_s": 0.0, "time_gradient_s": gradient_s})
+    if cosines is not None:
+        metrics["grad_cosine"] = cosines
+    metrics.to_csv(path / "metrics.csv", index=False)
+    return path
+
+
+def test_summaries_correct_diagnostic_time_and_cut_at_equal_time(tmp_path):
+    # Row 1 ran the gradient diagnostic (10 s instead of 2 s): counted at the median of the others.
+    run = load_run(fake_run(tmp_path / "a", 0, 4, [0.0, 0.1, 0.2, 0.3, 0.4], [10.0, 2.0, 2.0, 2.0, 2.0],
+                            cosines=[0.9, None, None, None, None]))
+    assert run.metrics["time_s"].tolist() == [3.0, 6.0, 9.0, 12.0, 15.0]
+    assert run.metrics["trained_s"].tolist() == [0.0, 3.0, 6.0, 9.0, 12.0]
+    row = summarize(run, tail_frac=0.4, at_time=6.0)
+    assert row["reward_final"] == pytest.approx(0.35)  # last 2 of 5 steps
+    assert row["reward_at_time"] == pytest.approx(0.15)  # policies trained <= 6 s: steps 1-3, the last 2 of them
+    assert row["grad_cosine"] == pytest.approx(0.9) and row["time_gradient_s"] == pytest.approx(2.0)
+
+
+def test_aggregate_gives_mean_and_sample_std_over_seeds(tmp_path):
+    runs = [load_run(fake_run(tmp_path / f"r{s}", s, 4, [r, r], [1.0, 1.0])) for s, r in ((0, 0.2), (1, 0.4), (2, 0.9))]
+    table = pd.DataFrame([{"label": "w4", **summarize(r, tail_frac=1.0)} for r in runs])
+    groups = aggregate(table, ["reward_final", "missing_column"])
+    assert groups["n_runs"].tolist() == [3] and "missing_column_mean" not in groups
+    assert groups["reward_final_mean"][0] == pytest.approx(0.5)
+    assert groups["reward_final_std"][0] == pytest.approx(pd.Series([0.2, 0.4, 0.9]).std(ddof=1))
+
+
+# ---- collation ----------------------------------------------------------------------
+
+def test_collate_turns_a_sweep_into_tables_and_plots(tiny_runs, tmp_path):
+    out = tmp_path / "windows"
+    run_cmd("experiments/collate.py", f"runs={tiny_runs / 'windows'}", f"out={out}")
+    rows = {r["run"]: r for r in read_csv(out / "runs.csv")}
+    assert set(rows) == {"0", "1"}
+    assert {"label", "strategy.window", "steps", "reward_final", "time_per_step_s", "time_gradient_s", "backward_passes"} <= set(rows["0"])
+    assert "seed" not in rows["0"]  # only keys that differ between runs are columns
+    assert (rows["0"]["label"], rows["1"]["label"]) == ("window=2", "window=4")
+    # 3 trained steps x 2 micro-batches: windows [0, 1], [2] -> 4 backward passes; one window of 3 -> 2
+    assert (float(rows["0"]["backward_passes"]), float(rows["1"]["backward_passes"])) == (4.0, 2.0)
+    groups = read_csv(out / "groups.csv")
+    assert [g["label"] for g in groups] == ["window=2", "window=4"] and {"reward_final_mean", "reward_final_std"} <= set(groups[0])
+    assert "| run | label | strategy.window |" in (out / "runs.md").read_text()
+    assert all((out / name).stat().st_size > 0 for name in ("reward_vs_step.png", "reward_vs_time.png", "time_breakdown.png"))
+    assert not (out / "routing.png").exists()
+
+    both = tmp_path / "both"
+    run_cmd("experiments/collate.py", f"runs={tiny_runs}", f"out={both}")
+    table = pd.read_csv(both / "runs.csv")
+    assert len(table) == 4 and {"strategy._target_", "strategy.cos_threshold", "jagg_frac_high"} <= set(table.columns)
+    assert (both / "routing.png").is_file()
+
+    proc = run_cmd("experiments/collate.py", f"runs={tiny_runs}", f"out={both}", check=False)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+# ---- KL to the base policy ------------------------------------------------------------
+
+class Shifted(nn.Module):
+    """base's velocity plus a constant: v = v_base + delta, guided or not."""
+
+    def __init__(self, base: nn.Module, delta: float):
+        super().__init__()
+        self.base, self.delta = base, delta
+        self.sample_shape = base.sample_shape
+
+    def encode_prompts(self, prompts):
+        return self.base.encode_prompts(prompts)
+
+    def forward(self, x, s, cond):
+        return self.base(x, s, cond) + self.delta
+
+
+KL_KWARGS = dict(noise_level=0.7, guidance=3.0, seed=5, batch_size=4)
+
+
+def test_kl_to_itself_is_zero_and_to_a_perturbed_policy_positive():
+    base = randomized_policy(seed=0).eval()
+    prompts = eval_prompts(4, seed=1)
+    levels = noise_schedule(4, shift=3.0)
+    assert trajectory_kl(base, base, prompts, levels, **KL_KWARGS).mean == 0.0
+    assert trajectory_kl(copy.deepcopy(base), base, prompts, levels, **KL_KWARGS).mean == 0.0
+    perturbed = copy.deepcopy(base)
+    with torch.no_grad():
+        for p in perturbed.dit.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    kl = trajectory_kl(perturbed, base, prompts, levels, **KL_KWARGS)
+    assert kl.mean > 0 and all(k > 0 for k in kl.per_step) and len(kl.per_step) == 4
+    assert kl.path == pytest.approx(3 * 32 * 32 * sum(kl.per_step))
+
+
+def test_kl_matches_the_closed_form_for_a_constant_velocity_shift():
+    """v - v_base = delta shifts the SDE mean by delta (1 + std_k^2 (1 - s) / (2 s)) (s' - s)."""
+    base = randomized_policy(seed=1).eval()
+    delta = 0.3
+    levels = noise_schedule(5, shift=1.0)
+    kl = trajectory_kl(Shifted(base, delta), base, eval_prompts(3, seed=2), levels, **KL_KWARGS)
+    s = levels.tolist()
+    for k, value in enumerate(kl.per_step):
+        std_k, std = sde_std(s[k], s[k + 1], KL_KWARGS["noise_level"], s[1])
+        shift = delta * (1 + std_k**2 * (1 - s[k]) / (2 * s[k])) * (s[k + 1] - s[k])
+        assert value == pytest.approx(shift**2 / (2 * std**2), rel=1e-4)
+
+
+# ---- the quality table --------------------------------------------------------------
+
+def test_quality_table_on_a_tiny_setting(tmp_path):
+    out = tmp_path / "quality"
+    overrides = "[" + ",".join([*TINY, "reward=jpeg", "optimizer.lr=1e-3"]) + "]"
+    args = ["experiments/quality.py", "experiments=[full,jagg_w4]", "seeds=[0,1]", "steps=1", "n_eval=4", "n_kl=2",
+            "eval_steps=2", "diagnose_every=2", f"overrides={overrides}", f"out={out}"]
+    run_cmd(*args)
+    table = pd.read_csv(out / "quality.csv").set_index("experiment")
+    assert table.index.tolist() == ["base", "full", "jagg_w4"]
+    assert table.loc["jagg_w4", "n_seeds"] == 2
+    for name in ("strict_accuracy", "dense_score", "fid", "kid", "kl_to_base", "reward_final", "reward_at_equal_time",
+                 "time_per_step_s", "backward_passes"):
+        for experiment in ("full", "jagg_w4"):
+            assert math.isfinite(table.loc[experiment, f"{name}_mean"]), (experiment, name)
+            assert math.isfinite(table.loc[experiment, f"{name}_std"]), (experiment, name)
+    assert table.loc["base", "kl_to_base_mean"] == 0 and table.loc["full", "kl_to_base_mean"] > 0
+    assert -1 <= table.loc["jagg_w4", "grad_cosine_mean"] <= 1 and math.isnan(table.loc["full", "grad_cosine_mean"])
+    assert table.loc["full", "backward_passes_mean"] == 6 and table.loc["jagg_w4", "backward_passes_mean"] == 2
+    assert " ± " in (out / "quality.md").read_text()
+    report = json.loads((out / "quality.json").read_text())
+    assert report["equal_time_s"] > 0 and len(report["runs"]) == 4 and report["args"]["steps"] == 1
+    for experiment in ("full", "jagg_w4"):
+        for seed in (0, 1):
+            assert "kl_to_base" in json.loads((out / "runs" / experiment / f"seed{seed}" / "eval.json").read_text())
+    assert (out / "reward_vs_step.png").is_file() and (out / "reward_vs_time.png").is_file()
+
+    before = (out / "quality.csv").read_text()
+    proc = run_cmd(*args, check=False)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert (out / "quality.csv").read_text() == before
+
+
+def test_quality_rejects_bad_arguments_before_writing(tmp_path):
+    proc = run_cmd("experiments/quality.py", "n_eval=8", "n_kl=9", f"out={tmp_path / 'q'}", check=False)
+    assert proc.returncode == 2 and "n_kl" in proc.stderr and not (tmp_path / "q").exists()
