@@ -194,8 +194,9 @@ class GRPOModule(L.LightningModule):
                 noise_level=self.sampler.noise_level, s_first_below_one=levels[1],
                 reduction=self.sampler.log_prob_reduction, ref_mean=None if ref is None else ref[:, k],
             )
-            for name, metric in self.step_metrics.items():
-                metric.update(getattr(stats, name))
+            if not self.strategy.diagnosing:  # the diagnostic's extra passes would count samples twice
+                for name, metric in self.step_metrics.items():
+                    metric.update(getattr(stats, name))
             return value * scale
 
         return loss

@@ -38,6 +38,7 @@ class GradientStrategy(ABC):
         self.window = window
         self.diagnose_every = diagnose_every
         self.calls = 0
+        self.diagnosing = False  # True during the diagnostic's extra passes (callers skip their bookkeeping)
 
     def state_dict(self) -> dict:
         """What a checkpoint needs for an exact resume (counters, random state)."""
@@ -81,6 +82,18 @@ class GradientStrategy(ABC):
         stats = self.backward(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy)
         own = [p.grad for p in params]
         g_strategy = _flat_grad(params)
+        self.diagnosing = True
+        try:
+            stats.update(self._compare(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy, params, g_strategy))
+        finally:
+            self.diagnosing = False
+        for p, before, mine in zip(params, saved, own):
+            p.grad = mine if before is None else (before if mine is None else before + mine)
+        return stats
+
+    def _compare(self, velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy, params, g_strategy) -> dict[str, float]:
+        """Cosines of the strategy's gradient to the full one, overall and per window."""
+        stats = {}
         _zero(params)
         full_backward(velocity_fn, states, noise_levels, step_loss_fn)
         g_full = _flat_grad(params)
@@ -100,6 +113,4 @@ class GradientStrategy(ABC):
             _zero(params)
             full_backward(velocity_fn, sub_states, sub_levels, sub_loss)
             stats[f"grad_cosine_w{w}"] = torch.nn.functional.cosine_similarity(g_w, _flat_grad(params), dim=0).item()
-        for p, before, mine in zip(params, saved, own):
-            p.grad = mine if before is None else (before if mine is None else before + mine)
         return stats
