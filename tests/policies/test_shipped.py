@@ -11,9 +11,10 @@ def test_shipped_base_policy_loads_and_scores_above_a_floor():
     prompts = eval_prompts(36, seed=7)
     images = sample_images(policy, prompts, seed=7, num_steps=20, guidance=3.0)
     result = score_images(images, prompts)
-    # A random-init policy scores 0 on both; the floor sits well below the measured base
-    # accuracy (README) so that sampling noise on 36 images does not flake.
-    assert result["dense_score"] > 0.15
+    # A random-init policy scores 0 on both. The base scores about 0.32 strict / 0.63 dense on
+    # held-out prompts (README); the floors sit about 2.5 standard errors of 36 images below.
+    assert result["strict_accuracy"] > 0.12
+    assert result["dense_score"] > 0.45
     assert images.std() > 0.05  # not a blank canvas
 
 
