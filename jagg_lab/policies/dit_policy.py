@@ -40,8 +40,9 @@ def fill_zero_init_(module: nn.Module, seed: int = 0, std: float = 0.05) -> nn.M
 class DiTPolicy(nn.Module):
     """v(x, s, cond) on images in [-1, 1]; prompts are encoded by a jointly trained text encoder.
 
-    size: a DIT_SIZES key. checkpoint: a safetensors file written by `save`, "shipped" for the
-    base policy in the package, or None for random init. train_text_encoder: whether RL also
+    size: a DIT_SIZES key. checkpoint: a safetensors file written by `save`, a training
+    checkpoint (`.ckpt`, its policy weights), "shipped" for the base policy in the package, or
+    None for random init. train_text_encoder: whether RL also
     updates the text encoder (off by default: its outputs are then computed once per rollout).
     """
 
@@ -105,17 +106,24 @@ class DiTPolicy(nn.Module):
         if not path.is_file():
             raise FileNotFoundError(f"policy.checkpoint: no such file {path}")
         try:
-            with safe_open(str(path), framework="pt") as f:
-                saved = json.loads((f.metadata() or {}).get("config", "{}"))
-            state = load_file(str(path))
-        except Exception as err:  # safetensors raises several types for corrupt files
+            if path.suffix == ".ckpt":  # a training checkpoint: the GRPO module's policy weights
+                module_state = torch.load(str(path), map_location="cpu", weights_only=True)["state_dict"]
+                saved, state = {}, {k.removeprefix("policy."): v for k, v in module_state.items() if k.startswith("policy.")}
+            else:
+                with safe_open(str(path), framework="pt") as f:
+                    saved = json.loads((f.metadata() or {}).get("config", "{}"))
+                state = load_file(str(path))
+        except Exception as err:  # safetensors and torch raise several types for corrupt files
             raise ValueError(f"policy.checkpoint: cannot read {path}: {err}") from err
         ours = self.config.to_dict()
         differ = {k: (saved[k], ours[k]) for k in ours if k in saved and saved[k] != ours[k]}
         if differ:
             detail = ", ".join(f"{k}={a!r} (config says {b!r})" for k, (a, b) in differ.items())
             raise ValueError(f"policy.checkpoint {path} does not match the policy config: it has {detail}")
-        missing, unexpected = self.load_state_dict(state, strict=False)
+        try:
+            missing, unexpected = self.load_state_dict(state, strict=False)
+        except RuntimeError as err:  # shape mismatches
+            raise ValueError(f"policy.checkpoint {path} does not match the policy: {err}") from err
         if missing or unexpected:
             raise ValueError(f"policy.checkpoint {path} does not match the policy: missing {missing[:3]}, unexpected {unexpected[:3]}")
         log.info("loaded policy weights from %s", path)
