@@ -24,3 +24,9 @@ def test_default_gain_reports_each_arm_against_the_base(tmp_path):
     assert "| jagg_w4+shuffled | 1 |" in (out / "gain.md").read_text()
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode != 0 and "File exists" in again.stderr  # an earlier comparison is never overwritten
+
+
+def test_tables_script_refuses_an_existing_output_directory(tmp_path):
+    (tmp_path / "old").mkdir()
+    proc = subprocess.run(["bash", "experiments/tables.sh", str(tmp_path / "old")], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
