@@ -33,6 +33,7 @@ from jagg_lab.policies import guided_velocity
 from jagg_lab.rewards.base import Reward, check_scores
 from jagg_lab.sampling import SDESampler, sde_rollout, shard_noise
 from jagg_lab.strategies import BackwardStats, GradientStrategy
+from jagg_lab.strategies.core import flat_grad
 from jagg_lab.types import Cond, Rollout, cat_cond, index_cond
 
 __all__ = ["GRPOModule"]
@@ -153,8 +154,7 @@ class GRPOModule(L.LightningModule):
         if self.shard[1] == 1:
             return
         params = self.trainable_parameters()
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
-        flat = self.trainer.strategy.reduce(flat, reduce_op="sum")
+        flat = self.trainer.strategy.reduce(flat_grad(params), reduce_op="sum")
         for p, grad in zip(params, flat.split([p.numel() for p in params])):
             p.grad = grad.view_as(p)
 

@@ -13,6 +13,7 @@ from jagg_lab.policies import DiTPolicy, fill_zero_init_
 from jagg_lab.rewards import JpegCompressibility
 from jagg_lab.sampling import SDESampler
 from jagg_lab.strategies import FullStrategy
+from jagg_lab.strategies.core import flat_grad as core_flat_grad
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
@@ -51,7 +52,7 @@ def rollout_and_advantages(module: GRPOModule, prompts=PROMPTS, seed: int = 0):
 
 
 def flat_grad(module: GRPOModule) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in module.trainable_parameters()])
+    return core_flat_grad(module.trainable_parameters())
 
 
 def strategy_gradient(module: GRPOModule, strategy, rollout, advantages, on_policy: bool = True):

@@ -6,13 +6,9 @@ from typing import Iterable, Sequence
 
 import torch
 
-from jagg_lab.strategies.core import StepLossFn, VelocityFn, full_backward, partition_windows
+from jagg_lab.strategies.core import StepLossFn, VelocityFn, flat_grad, full_backward, partition_windows
 
 __all__ = ["GradientStrategy"]
-
-
-def _flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
 
 
 def _zero(params: list[torch.Tensor]) -> None:
@@ -81,7 +77,7 @@ class GradientStrategy(ABC):
         _zero(params)
         stats = self.backward(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy)
         own = [p.grad for p in params]
-        g_strategy = _flat_grad(params)
+        g_strategy = flat_grad(params)
         self.diagnosing = True
         try:
             stats.update(self._compare(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy, params, g_strategy))
@@ -96,7 +92,7 @@ class GradientStrategy(ABC):
         stats = {}
         _zero(params)
         full_backward(velocity_fn, states, noise_levels, step_loss_fn)
-        g_full = _flat_grad(params)
+        g_full = flat_grad(params)
         stats["grad_cosine"] = torch.nn.functional.cosine_similarity(g_strategy, g_full, dim=0).item()
         stats["grad_norm_ratio"] = (g_strategy.norm() / g_full.norm().clamp_min(1e-30)).item()
         for w, steps in enumerate(partition_windows(len(states), self.window)):
@@ -109,8 +105,8 @@ class GradientStrategy(ABC):
 
             _zero(params)
             self.backward(velocity_fn, sub_states, sub_levels, sub_loss, sub_vel, on_policy)
-            g_w = _flat_grad(params)
+            g_w = flat_grad(params)
             _zero(params)
             full_backward(velocity_fn, sub_states, sub_levels, sub_loss)
-            stats[f"grad_cosine_w{w}"] = torch.nn.functional.cosine_similarity(g_w, _flat_grad(params), dim=0).item()
+            stats[f"grad_cosine_w{w}"] = torch.nn.functional.cosine_similarity(g_w, flat_grad(params), dim=0).item()
         return stats

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = [
+    "flat_grad",
     "StepLossFn",
     "VelocityFn",
     "BackwardStats",
@@ -69,6 +70,11 @@ def upstream_signal(step_loss_fn: StepLossFn, k: int, v: torch.Tensor) -> tuple[
         loss = step_loss_fn(k, v)
         (g,) = torch.autograd.grad(loss, v, allow_unused=True)
     return (torch.zeros_like(v) if g is None else g), loss.item()
+
+
+def flat_grad(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The parameters' accumulated gradients as one vector (zeros where there is none)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
 
 
 def partition_windows(num_steps: int, window: int) -> list[list[int]]:
