@@ -32,7 +32,7 @@ from torch import nn
 from jagg_lab.evaluate import eval_prompts, sample_images, score_images
 from jagg_lab.metrics import fid_kid
 from jagg_lab.policies import guided_velocity
-from jagg_lab.sampling import SDESampler, sde_mean, sde_rollout, sde_std
+from jagg_lab.sampling import SDESampler, sde_mean, sde_rollout, sde_std, transition_kl
 
 __all__ = ["TrajectoryKL", "trajectory_kl", "run_policies", "policy_quality"]
 
@@ -78,7 +78,7 @@ def trajectory_kl(
         for k in range(len(levels) - 1):
             std_k, std = sde_std(levels[k], levels[k + 1], noise_level, levels[1])
             mean = sde_mean(rollout.states[:, k], rollout.velocities[:, k], levels[k], levels[k + 1], std_k)  # (B, *X)
-            kl = (mean - rollout.ref_means[:, k]).pow(2).flatten(1).mean(1) / (2 * std**2)  # (B,)
+            kl = transition_kl(mean, rollout.ref_means[:, k], std)  # (B,)
             totals[k] += kl.double().sum().cpu()
     per_step = totals / len(prompts)
     dims = int(torch.tensor(policy.sample_shape).prod())

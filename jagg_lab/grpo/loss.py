@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jagg_lab.sampling.sde import gaussian_log_prob, sde_mean, sde_std
+from jagg_lab.sampling.sde import gaussian_log_prob, sde_mean, sde_std, transition_kl
 
 __all__ = ["GRPOLoss", "StepStats"]
 
@@ -72,7 +72,7 @@ class GRPOLoss:
             if ref_mean is None:
                 raise ValueError("grpo.beta > 0 needs the reference means cached at rollout time")
             # KL between the two Gaussians of this transition, per dimension.
-            kl = ((mean - ref_mean) ** 2).flatten(1).mean(1).mean() / (2 * std**2)
+            kl = transition_kl(mean, ref_mean, std).mean()
             loss = loss + self.beta * kl
         with torch.no_grad():
             stats = StepStats(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SDEStep", "sde_std", "sde_mean", "sde_step", "gaussian_log_prob", "ode_step"]
+__all__ = ["SDEStep", "sde_std", "sde_mean", "sde_step", "gaussian_log_prob", "transition_kl", "ode_step"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -39,6 +39,11 @@ def sde_mean(x: torch.Tensor, v: torch.Tensor, s: float, s_next: float, std_k: f
     """mu_k = x + [v + std_k^2 / (2 s) (x + (1 - s) v)] dt with dt = s_next - s < 0."""
     dt = s_next - s
     return x + (v + std_k**2 / (2 * s) * (x + (1 - s) * v)) * dt
+
+
+def transition_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: float) -> torch.Tensor:
+    """KL between N(mean, std^2 I) and N(ref_mean, std^2 I) per dimension, one value per sample (B,)."""
+    return (mean - ref_mean).pow(2).flatten(1).mean(1) / (2 * std**2)
 
 
 def gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: float, reduction: str = "mean") -> torch.Tensor:
