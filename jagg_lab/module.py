@@ -174,6 +174,7 @@ class GRPOModule(L.LightningModule):
             null_cond=null_cond,
             reduction=self.sampler.log_prob_reduction,
             ref_velocity_fn=ref_fn,
+            ref_steps=self.trained_steps,
             generator=generator,
             shard=self.shard,
         )

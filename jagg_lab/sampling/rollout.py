@@ -1,7 +1,8 @@
 """Rollouts: run the SDE (for GRPO) or the ODE (for evaluation) from noise to a sample."""
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, Sequence
 
 import torch
 
@@ -46,13 +47,15 @@ def sde_rollout(
     null_cond: Cond,
     reduction: str = "mean",
     ref_velocity_fn: VelocityFn | None = None,
+    ref_steps: Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> Rollout:
     """Sample x_0 ~ noise -> x_T with the SDE, recording everything GRPO re-evaluates.
 
     `initial_noise` is (B, *X); `noise_levels` is (T + 1,). The reference policy (for KL)
-    is evaluated at the same states, so its means are cached once here. shard = (rank,
+    is evaluated at the same states, so its means are cached once here: at `ref_steps` only
+    (default every step; the steps GRPO trains are enough), NaN at the others. shard = (rank,
     world_size) when the batch is this process's rows of a larger one (see shard_noise).
     """
     x = initial_noise
@@ -69,9 +72,11 @@ def sde_rollout(
             x, v, s, s_next,
             noise_level=noise_level, s_first_below_one=s_first_below_one, noise=noise, reduction=reduction,
         )
-        if ref_velocity_fn is not None:
+        if ref_velocity_fn is not None and (ref_steps is None or k in ref_steps):
             std_k, _ = sde_std(s, s_next, noise_level, s_first_below_one)
             ref_means.append(sde_mean(x, ref_velocity_fn(x, s_vec), s, s_next, std_k))
+        elif ref_velocity_fn is not None:
+            ref_means.append(torch.full_like(x, math.nan))
         states.append(x)
         nexts.append(step.sample)
         log_probs.append(step.log_prob)

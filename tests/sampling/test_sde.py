@@ -62,3 +62,21 @@ def test_on_policy_ratio_is_one_at_training_batch_sizes(guidance):
             step = sde_step(x, v, levels[k], levels[k + 1], noise_level=0.7, s_first_below_one=levels[1], sample=rollout.next_states[idx, k])
             ratio = (step.log_prob - rollout.log_probs[idx, k]).exp()
             assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), (k, ratio)
+
+
+def test_reference_means_are_computed_at_the_trained_steps_only():
+    """With KL on, the reference policy runs only where GRPO trains (its means are NaN at the
+    other steps), and there its means equal those of a rollout that evaluates it everywhere."""
+    module = make_module(beta=0.04, train_fraction=0.5, guidance=3.0)
+    assert module.trained_steps == [0, 1, 2, 3]
+    calls = []
+    hook = module.ref_policy.register_forward_hook(lambda *_: calls.append(1))
+    rollout, _ = rollout_and_advantages(module)
+    hook.remove()
+    assert len(calls) == len(module.trained_steps)  # one batched (CFG) reference call per trained step
+    trained, other = rollout.ref_means[:, :4], rollout.ref_means[:, 4:]
+    assert torch.isfinite(trained).all() and torch.isnan(other).all()
+    module.trained_steps = list(range(8))
+    everywhere, _ = rollout_and_advantages(module)
+    assert torch.equal(everywhere.final, rollout.final)
+    assert torch.allclose(everywhere.ref_means[:, :4], trained)
