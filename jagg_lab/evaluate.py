@@ -3,6 +3,7 @@ prompts) or of the verifier itself (fresh ground-truth renders).
 
     python -m jagg_lab.evaluate source=policy n_samples=128 seed=1 out=pol.json [checkpoint=PATH]
     python -m jagg_lab.evaluate source=ground_truth n_samples=256 seed=1 out=gt.json
+    python -m jagg_lab.evaluate source=policy noise_level=0.7 num_steps=10 ...   # with GRPO's SDE sampler
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jagg_lab.policies import DiTPolicy, guided_velocity
-from jagg_lab.sampling import noise_schedule, ode_sample
+from jagg_lab.sampling import noise_schedule, ode_sample, sde_rollout
 from jagg_lab.worlds.shapes import CATEGORIES, render_batch, sample_prompt, verify_batch
 
 __all__ = ["EvalArgs", "eval_prompts", "sample_images", "score_images", "main"]
@@ -39,6 +40,7 @@ class EvalArgs:
     num_steps: int = 20
     guidance: float = 3.0
     shift: float = 1.0
+    noise_level: float = 0.0  # 0: the ODE; > 0: the SDE that GRPO samples with, at this noise level
     batch_size: int = 64
     grid: str | None = None  # optional PNG grid of the first 64 samples
 
@@ -51,9 +53,11 @@ def eval_prompts(n: int, seed: int, split: str = "heldout") -> list[str]:
 
 @torch.inference_mode()
 def sample_images(
-    policy, prompts: list[str], *, seed: int, num_steps: int = 20, guidance: float = 3.0, shift: float = 1.0, batch_size: int = 64
+    policy, prompts: list[str], *, seed: int, num_steps: int = 20, guidance: float = 3.0, shift: float = 1.0, batch_size: int = 64,
+    noise_level: float = 0.0,
 ) -> torch.Tensor:
-    """ODE samples with classifier-free guidance, (B, 3, H, W) in [0, 1]; fixed noise per seed."""
+    """ODE samples with classifier-free guidance, (B, 3, H, W) in [0, 1]; fixed noise per seed.
+    With `noise_level` > 0, samples of the SDE that GRPO trains with instead."""
     generator = torch.Generator().manual_seed(seed)
     levels = noise_schedule(num_steps, shift)
     device = next(policy.parameters()).device
@@ -63,15 +67,22 @@ def sample_images(
         chunk = prompts[start : start + batch_size]
         cond = policy.encode_prompts(chunk)
         noise = torch.randn((len(chunk), *policy.sample_shape), generator=generator).to(device)
-        x = ode_sample(lambda x, s: guided_velocity(policy, x, s, cond, null_cond, guidance), noise, levels.to(device))
+        velocity_fn = lambda x, s: guided_velocity(policy, x, s, cond, null_cond, guidance)  # noqa: E731
+        if noise_level > 0:
+            x = sde_rollout(velocity_fn, noise, levels.to(device), noise_level=noise_level, cond=cond, null_cond=null_cond,
+                            generator=generator).final
+        else:
+            x = ode_sample(velocity_fn, noise, levels.to(device))
         images.append(policy.decode(x).cpu())
     return torch.cat(images)
 
 
 def score_images(images: torch.Tensor, prompts: list[str]) -> dict:
-    """strict_accuracy, dense_score and both per category."""
+    """strict_accuracy, dense_score, both per category, and per sample (in prompt order, so two
+    policies scored on the same prompts and seed can be compared sample by sample)."""
     dense, strict, categories = verify_batch(images, prompts)
-    result = {"n_samples": len(prompts), "strict_accuracy": strict.float().mean().item(), "dense_score": dense.mean().item(), "per_category": {}}
+    result = {"n_samples": len(prompts), "strict_accuracy": strict.float().mean().item(), "dense_score": dense.mean().item(),
+              "per_sample": {"strict": strict.int().tolist(), "dense": dense.tolist()}, "per_category": {}}
     for category in CATEGORIES:
         mask = torch.tensor([c == category for c in categories])
         if mask.any():
@@ -88,12 +99,15 @@ def run(args: EvalArgs) -> dict:
         raise ValueError(f"source must be 'policy' or 'ground_truth', got {args.source!r}")
     if args.n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {args.n_samples}")
+    if args.noise_level < 0:
+        raise ValueError(f"noise_level must be >= 0 (0 = ODE), got {args.noise_level}")
     prompts = eval_prompts(args.n_samples, args.seed, args.split)
     if args.source == "ground_truth":
         images = render_batch(prompts, np.random.default_rng(args.seed), args.resolution)
     else:
         policy = DiTPolicy(size=args.size, resolution=args.resolution, checkpoint=args.checkpoint).eval()
-        images = sample_images(policy, prompts, seed=args.seed, num_steps=args.num_steps, guidance=args.guidance, shift=args.shift, batch_size=args.batch_size)
+        images = sample_images(policy, prompts, seed=args.seed, num_steps=args.num_steps, guidance=args.guidance, shift=args.shift,
+                               batch_size=args.batch_size, noise_level=args.noise_level)
     result = {"args": asdict(args), **score_images(images, prompts)}
     if args.grid:
         import torchvision

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from jagg_lab import bench, evaluate
 
@@ -16,6 +17,10 @@ def test_evaluate_ground_truth_is_near_perfect(tmp_path):
     assert evaluate.main(["source=ground_truth", "n_samples=60", "seed=3", f"out={out}"]) == 0
     result = json.loads(out.read_text())
     assert result["strict_accuracy"] >= 0.99 and len(result["per_category"]) == 6
+    per_sample = result["per_sample"]  # in prompt order, for paired comparisons of two policies
+    assert len(per_sample["strict"]) == len(per_sample["dense"]) == 60
+    assert sum(per_sample["strict"]) / 60 == pytest.approx(result["strict_accuracy"])
+    assert sum(per_sample["dense"]) / 60 == pytest.approx(result["dense_score"])
 
 
 def test_evaluate_policy_writes_scores_per_category(tmp_path):
@@ -26,11 +31,27 @@ def test_evaluate_policy_writes_scores_per_category(tmp_path):
         "single_object", "two_objects", "counting", "colors", "position", "color_attr"}
 
 
+def test_evaluate_samples_with_the_sde_when_given_a_noise_level():
+    """noise_level > 0 samples GRPO's SDE: reproducible in seed, different from the ODE,
+    and at noise_level 0 exactly the ODE."""
+    from jagg_lab.policies import DiTPolicy
+
+    policy = DiTPolicy(size="XS", resolution=16, checkpoint=None).eval()
+    prompts = ["a red circle", "two squares", "a blue triangle"]
+    sample = lambda **kw: evaluate.sample_images(policy, prompts, seed=3, num_steps=4, **kw)  # noqa: E731
+    ode, sde = sample(), sample(noise_level=0.7)
+    assert torch.equal(sde, sample(noise_level=0.7))
+    assert torch.equal(ode, sample(noise_level=0.0))
+    assert (sde - ode).abs().max() > 1e-3
+
+
 def test_evaluate_rejects_unknown_keys_and_sources(capsys):
     assert evaluate.main(["bogus=1"]) == 2
     assert "bogus" in capsys.readouterr().err
     assert evaluate.main(["source=nope"]) == 2
     assert "source" in capsys.readouterr().err
+    assert evaluate.main(["noise_level=-0.1"]) == 2
+    assert "noise_level" in capsys.readouterr().err
 
 
 def test_bench_strategies_reports_every_configuration(tmp_path):
