@@ -1,14 +1,17 @@
 """Does the default experiment improve the base policy within a CPU budget?
 
-    python experiments/default_gain.py experiments=jagg_w4,full seeds=0,1 minutes=15 n_eval=512 out=outputs/gain
+    python experiments/default_gain.py "experiments=[jagg_w4]" "seeds=[0,1,2]" n_eval=512 out=outputs/gain
 
-For each experiment x seed: train `python -m jagg_lab.train +experiment=E seed=S` for at most
-`minutes` of wall time, then score the trained policy with `python -m jagg_lab.evaluate`
-(ODE, held-out prompts, the same prompts and noise for every policy) next to the shipped
-base policy. With `control=true` the first experiment is also trained with
-`grpo.shuffle_advantages=true` (same costs, advantages cut from their samples): a gain
-should beat that control, not just the base. Writes `OUT/gain.json` and a Markdown table
-`OUT/gain.md` (per run, then mean +- std per arm).
+For each experiment x seed: train `python -m jagg_lab.train +experiment=E seed=S`, as a user
+runs it (its own `trainer.max_steps` unless `max_steps` is given), stopped after at most
+`minutes` of wall time, then score the trained policy and every periodic checkpoint with
+`python -m jagg_lab.evaluate` (ODE, held-out prompts, the same prompts and noise for every
+policy) next to the shipped base policy. With `control=true` the first experiment is also
+trained with `grpo.shuffle_advantages=true` (same costs, advantages cut from their samples):
+a gain should beat that control, not just the base. Because every policy is scored on the
+same prompts and noise, each gain comes with the standard error of the paired per-sample
+difference. Writes `OUT/gain.json` and a Markdown table `OUT/gain.md` (per run, per
+checkpoint, then mean +- std per arm).
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ class Args:
     experiments: list[str] = field(default_factory=lambda: ["jagg_w4", "full"])
     seeds: list[int] = field(default_factory=lambda: [0])
     control: bool = True
-    minutes: float = 15.0
+    minutes: float = 15.0  # wall-clock cap per training run
+    max_steps: int | None = None  # null: the experiment's own trainer.max_steps
     n_eval: int = 512
     eval_seed: int = 1
     out: str = "outputs/gain"
@@ -59,27 +63,32 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier comparison
     h, m = divmod(int(args.minutes * 60), 3600)
     budget = f"00:{h:02d}:{m // 60:02d}:{m % 60:02d}"
-    base = _summary(evaluate(out / "base.json", args, "shipped"))
-    rows = [{"arm": "base", "seed": "-", "steps": 0, **base}]
+    base = evaluate(out / "base.json", args, "shipped")
+    rows = [{"arm": "base", "seed": "-", "steps": 0, **_summary(base, base)}]
+    curve: list[dict] = []  # every scored checkpoint, then the final policy, per run
     for arm, experiment, extra in arms(args):
         for seed in args.seeds:
             run_dir = out / f"{arm.replace('+', '_')}_seed{seed}"
+            steps_cap = [] if args.max_steps is None else [f"trainer.max_steps={args.max_steps}"]
             run(["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}", f"trainer.max_time={budget}",
-                 "trainer.max_steps=100000", f"hydra.run.dir={run_dir}", *extra, *args.overrides])
+                 *steps_cap, f"hydra.run.dir={run_dir}", *extra, *args.overrides])
             with open(run_dir / "metrics.csv") as f:
                 steps = sum(1 for _ in csv.DictReader(f))
-            result = _summary(evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors")))
+            for ckpt in sorted((run_dir / "checkpoints").glob("step_*.ckpt")):
+                step = int(ckpt.stem.removeprefix("step_"))
+                if step < steps:
+                    result = _summary(evaluate(run_dir / f"eval_{ckpt.stem}.json", args, str(ckpt)), base)
+                    curve.append({"arm": arm, "seed": seed, "steps": step, **result})
+            result = _summary(evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors")), base)
             rows.append({"arm": arm, "seed": seed, "steps": steps, **result})
-    for row in rows:
-        row["strict_gain"] = row["strict_accuracy"] - base["strict_accuracy"]
-        row["dense_gain"] = row["dense_score"] - base["dense_score"]
+            curve.append(rows[-1])
     summary = [_arm_summary(name, [r for r in rows if r["arm"] == name]) for name in dict.fromkeys(r["arm"] for r in rows)]
     (out / "gain.json").write_text(json.dumps({"args": OmegaConf.to_container(OmegaConf.structured(args)),
-                                               "runs": rows, "arms": summary}, indent=2) + "\n")
-    lines = [f"held-out prompts, n = {args.n_eval} (evaluate seed {args.eval_seed}); training budget {args.minutes:g} min per run", "",
-             "| arm | seed | steps | held-out strict | gain | dense | gain |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['arm']} | {r['seed']} | {r['steps']} | {r['strict_accuracy']:.3f} | {r['strict_gain']:+.3f} "
-              f"| {r['dense_score']:.3f} | {r['dense_gain']:+.3f} |" for r in rows]
+                                               "runs": rows, "arms": summary, "checkpoints": curve}, indent=2) + "\n")
+    lines = [f"held-out prompts, n = {args.n_eval} (evaluate seed {args.eval_seed}); at most {args.minutes:g} min of training per run;",
+             "gain +- the standard error of the paired per-sample difference to the base", ""]
+    lines += _table(rows)
+    lines += ["", "Every scored checkpoint:", ""] + _table(curve)
     lines += ["", "| arm | runs | strict gain (mean +- std) | dense gain (mean +- std) |", "|---|---|---|---|"]
     lines += [f"| {a['arm']} | {a['runs']} | {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} "
               f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} |" for a in summary]
@@ -96,8 +105,21 @@ def _arm_summary(arm: str, rows: list[dict]) -> dict:
     return {"arm": arm, "runs": len(rows), "strict_gain_mean": sm, "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds}
 
 
-def _summary(result: dict) -> dict:
-    return {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"]}
+def _table(rows: list[dict]) -> list[str]:
+    lines = ["| arm | seed | steps | held-out strict | gain | dense | gain |", "|---|---|---|---|---|---|---|"]
+    return lines + [f"| {r['arm']} | {r['seed']} | {r['steps']} | {r['strict_accuracy']:.3f} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} "
+                    f"| {r['dense_score']:.3f} | {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} |" for r in rows]
+
+
+def _summary(result: dict, base: dict) -> dict:
+    """Scores of an evaluation, and its gain over `base` (the base's evaluation, on the same
+    prompts and noise) with the standard error of the paired per-sample difference."""
+    out = {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"]}
+    for key in ("strict", "dense"):
+        diff = [a - b for a, b in zip(result["per_sample"][key], base["per_sample"][key], strict=True)]
+        out[f"{key}_gain"] = statistics.fmean(diff)
+        out[f"{key}_gain_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+    return out
 
 
 if __name__ == "__main__":

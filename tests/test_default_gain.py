@@ -1,23 +1,36 @@
 """experiments/default_gain.py on a tiny budget: trains every arm, evaluates next to the base."""
 import json
+import statistics
 import subprocess
 import sys
+
+import pytest
 
 from tests.test_train_cli import REPO
 
 TINY_DATA = ["data.prompts_per_step=2", "data.group_size=4", "grpo.micro_batch_size=4", "sampler.num_steps=4"]
 
 
-def test_default_gain_reports_each_arm_against_the_base(tmp_path):
+def test_default_gain_reports_each_arm_and_checkpoint_against_the_base(tmp_path):
     out = tmp_path / "gain"
-    cmd = [sys.executable, "experiments/default_gain.py", "experiments=[jagg_w4]", "seeds=[0]", "minutes=0.05",
-           "n_eval=6", f"out={out}", f"overrides=[{','.join(TINY_DATA)}]"]
+    cmd = [sys.executable, "experiments/default_gain.py", "experiments=[jagg_w4]", "seeds=[0]", "max_steps=2",
+           "n_eval=6", f"out={out}", f"overrides=[{','.join(TINY_DATA)},checkpoint_every=1]"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "gain.json").read_text())
-    assert [(r["arm"], r["seed"]) for r in result["runs"]] == [
-        ("base", "-"), ("jagg_w4", 0), ("jagg_w4+shuffled", 0)]
-    assert all(r["steps"] >= 1 for r in result["runs"][1:])
+    assert [(r["arm"], r["seed"], r["steps"]) for r in result["runs"]] == [
+        ("base", "-", 0), ("jagg_w4", 0, 2), ("jagg_w4+shuffled", 0, 2)]
+    # the step-1 checkpoint is scored too; the step-2 one is the final policy, scored once
+    assert [(r["arm"], r["steps"]) for r in result["checkpoints"]] == [
+        ("jagg_w4", 1), ("jagg_w4", 2), ("jagg_w4+shuffled", 1), ("jagg_w4+shuffled", 2)]
+    base = json.loads((out / "base.json").read_text())
+    for row in result["runs"][1:]:
+        scored = json.loads((out / f"{row['arm'].replace('+', '_')}_seed0" / "eval.json").read_text())
+        diff = [a - b for a, b in zip(scored["per_sample"]["strict"], base["per_sample"]["strict"])]
+        assert row["strict_gain"] == pytest.approx(sum(diff) / 6)
+        assert row["strict_gain"] == pytest.approx(scored["strict_accuracy"] - base["strict_accuracy"])
+        assert row["strict_gain_se"] == pytest.approx(statistics.stdev(diff) / 6**0.5)
+    assert result["runs"][0]["strict_gain"] == 0 and result["runs"][0]["strict_gain_se"] == 0
     assert [a["arm"] for a in result["arms"]] == ["base", "jagg_w4", "jagg_w4+shuffled"]
     shuffled = (out / "jagg_w4_shuffled_seed0" / "config.yaml").read_text()
     assert "shuffle_advantages: true" in shuffled
