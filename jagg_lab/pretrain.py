@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 
 from jagg_lab.evaluate import eval_prompts, sample_images, score_images
+from jagg_lab.train import ConfigError, check_fresh_run_dir, run_logger
 from jagg_lab.worlds.shapes import ShapesDataset
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,10 @@ def lr_factor(step: int, warmup_steps: int, decay_steps: int, max_steps: int) ->
 @hydra.main(version_base="1.3", config_path="../conf", config_name="pretrain")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if cfg.resume is None and (run_dir / "checkpoints").exists():
-        sys.exit(f"jagg_lab.pretrain: {run_dir} already holds a run; pass resume=PATH or another hydra.run.dir")
+    try:  # a resumed run goes on in a new directory: the old one keeps its metrics and checkpoints
+        check_fresh_run_dir(run_dir)
+    except ConfigError as err:
+        sys.exit(f"jagg_lab.pretrain: {err}")
     L.seed_everything(cfg.seed, verbose=False)
     policy = instantiate(cfg.policy)
     module = instantiate(cfg.module, policy=policy, seed=cfg.seed)
@@ -111,7 +113,7 @@ def main(cfg: DictConfig) -> None:
                       batch_size=cfg.batch_size, collate_fn=_collate, num_workers=0)
     trainer = L.Trainer(
         accelerator="auto", devices=1, max_steps=cfg.max_steps, max_time=cfg.max_time, max_epochs=-1,
-        logger=CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=50),
+        logger=run_logger(run_dir, flush_logs_every_n_steps=50),
         callbacks=[ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, every_n_train_steps=cfg.checkpoint_every)],
         log_every_n_steps=50, enable_model_summary=False, num_sanity_val_steps=0,
     )

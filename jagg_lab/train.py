@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -43,6 +44,13 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     taken = [name for name in _RUN_MARKERS if (run_dir / name).exists()]
     if taken:
         raise ConfigError(f"run directory {run_dir} already holds a run ({', '.join(taken)}); choose another hydra.run.dir")
+
+
+def run_logger(run_dir: Path, flush_logs_every_n_steps: int) -> CSVLogger:
+    """A CSV logger writing RUN_DIR/metrics.csv. The caller has checked that RUN_DIR holds no earlier
+    run, so Lightning's warning that the (Hydra-made) directory "will be deleted" is false and muted."""
+    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    return CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=flush_logs_every_n_steps)
 
 
 def read_checkpoint(path: str) -> dict:
@@ -127,7 +135,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
         dirpath=run_dir / "checkpoints", filename="step_{step:06d}", auto_insert_metric_name=False,
         every_n_train_steps=cfg.checkpoint_every, save_last=True, save_top_k=-1,
     )
-    logger = CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
+    logger = run_logger(run_dir, flush_logs_every_n_steps=1)
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpoints], default_root_dir=str(run_dir),
                           plugins=[AtomicCheckpointIO()])
     return module, data, trainer

@@ -69,20 +69,31 @@ def test_bench_strategies_reports_every_configuration(tmp_path):
 
 
 def test_pretrain_runs_resumes_and_exports_a_loadable_policy(tmp_path):
-    run = tmp_path / "pt"
+    run, resumed = tmp_path / "pt", tmp_path / "pt2"
     common = [sys.executable, "-m", "jagg_lab.pretrain", "policy.size=XS", "batch_size=8", "module.eval_every=0",
-              "checkpoint_every=2", f"hydra.run.dir={run}"]
-    proc = subprocess.run([*common, "max_steps=2"], cwd=REPO, capture_output=True, text=True, timeout=300)
+              "checkpoint_every=2"]
+    proc = subprocess.run([*common, "max_steps=2", f"hydra.run.dir={run}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (run / "policy.safetensors").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
-    proc = subprocess.run([*common, "max_steps=4", f"resume={run / 'checkpoints' / 'last.ckpt'}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    assert "will be deleted" not in proc.stdout + proc.stderr
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    resume = f"resume={run / 'checkpoints' / 'last.ckpt'}"
+    # resuming into the run's own directory would replace its metrics and checkpoints: refused, nothing touched
+    proc = subprocess.run([*common, "max_steps=4", resume, f"hydra.run.dir={run}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "already holds a run" in proc.stderr and "hydra.run.dir" in proc.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    proc = subprocess.run([*common, "max_steps=4", resume, f"hydra.run.dir={resumed}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
+    assert (resumed / "policy.safetensors").is_file()
     from jagg_lab.policies import DiTPolicy
 
-    DiTPolicy(size="XS", checkpoint=str(run / "policy.safetensors"))
+    DiTPolicy(size="XS", checkpoint=str(resumed / "policy.safetensors"))
     with pytest.raises(ValueError, match="does not match"):
-        DiTPolicy(size="S", checkpoint=str(run / "policy.safetensors"))
+        DiTPolicy(size="S", checkpoint=str(resumed / "policy.safetensors"))
 
 
 @pytest.mark.slow
