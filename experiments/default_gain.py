@@ -8,7 +8,8 @@ runs it (its own `trainer.max_steps` unless `max_steps` is given), stopped after
 `python -m jagg_lab.evaluate` (ODE, held-out prompts, the same prompts and noise for every
 policy) next to the shipped base policy. With `control=true` the first experiment is also
 trained with `grpo.shuffle_advantages=true` (same costs, advantages cut from their samples):
-a gain should beat that control, not just the base. Because every policy is scored on the
+a gain should beat that control, not just the base (the difference is tabulated at every
+seed and step both runs were scored at). Because every policy is scored on the
 same prompts and noise, each gain comes with the standard error of the paired per-sample
 difference. Writes `OUT/gain.json` and a Markdown table `OUT/gain.md` (per run, per
 checkpoint, then mean +- std per arm).
@@ -66,6 +67,7 @@ def main() -> None:
     base = evaluate(out / "base.json", args, "shipped")
     rows = [{"arm": "base", "seed": "-", "steps": 0, **_summary(base, base)}]
     curve: list[dict] = []  # every scored checkpoint, then the final policy, per run
+    scored: dict[tuple[str, int, int], dict] = {}  # (arm, seed, step) -> evaluation, for the paired control comparison
     for arm, experiment, extra in arms(args):
         for seed in args.seeds:
             run_dir = out / f"{arm.replace('+', '_')}_seed{seed}"
@@ -77,14 +79,15 @@ def main() -> None:
             for ckpt in sorted((run_dir / "checkpoints").glob("step_*.ckpt")):
                 step = int(ckpt.stem.removeprefix("step_"))
                 if step < steps:
-                    result = _summary(evaluate(run_dir / f"eval_{ckpt.stem}.json", args, str(ckpt)), base)
-                    curve.append({"arm": arm, "seed": seed, "steps": step, **result})
-            result = _summary(evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors")), base)
-            rows.append({"arm": arm, "seed": seed, "steps": steps, **result})
+                    scored[arm, seed, step] = evaluate(run_dir / f"eval_{ckpt.stem}.json", args, str(ckpt))
+                    curve.append({"arm": arm, "seed": seed, "steps": step, **_summary(scored[arm, seed, step], base)})
+            scored[arm, seed, steps] = evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors"))
+            rows.append({"arm": arm, "seed": seed, "steps": steps, **_summary(scored[arm, seed, steps], base)})
             curve.append(rows[-1])
     summary = [_arm_summary(name, [r for r in rows if r["arm"] == name]) for name in dict.fromkeys(r["arm"] for r in rows)]
-    (out / "gain.json").write_text(json.dumps({"args": OmegaConf.to_container(OmegaConf.structured(args)),
-                                               "runs": rows, "arms": summary, "checkpoints": curve}, indent=2) + "\n")
+    vs_control = _versus_control(scored, args)
+    (out / "gain.json").write_text(json.dumps({"args": OmegaConf.to_container(OmegaConf.structured(args)), "runs": rows,
+                                               "arms": summary, "checkpoints": curve, "vs_control": vs_control}, indent=2) + "\n")
     lines = [f"held-out prompts, n = {args.n_eval} (evaluate seed {args.eval_seed}); at most {args.minutes:g} min of training per run;",
              "gain +- the standard error of the paired per-sample difference to the base", ""]
     lines += _table(rows)
@@ -92,8 +95,23 @@ def main() -> None:
     lines += ["", "| arm | runs | strict gain (mean +- std) | dense gain (mean +- std) |", "|---|---|---|---|"]
     lines += [f"| {a['arm']} | {a['runs']} | {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} "
               f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} |" for a in summary]
+    if vs_control:
+        lines += ["", f"{args.experiments[0]} minus its shuffled control, same seed and step "
+                  "(+- the standard error of the paired per-sample difference):", "",
+                  "| seed | steps | strict | dense |", "|---|---|---|---|"]
+        lines += [f"| {r['seed']} | {r['steps']} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} "
+                  f"| {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} |" for r in vs_control]
     (out / "gain.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _versus_control(scored: dict[tuple[str, int, int], dict], args: Args) -> list[dict]:
+    """The first experiment against its shuffled-advantage control at every (seed, step) both were scored at."""
+    if not args.control:
+        return []
+    real, control = args.experiments[0], f"{args.experiments[0]}+shuffled"
+    return [{"seed": seed, "steps": step, **_summary(result, scored[control, seed, step])}
+            for (arm, seed, step), result in scored.items() if arm == real and (control, seed, step) in scored]
 
 
 def _arm_summary(arm: str, rows: list[dict]) -> dict:

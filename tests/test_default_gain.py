@@ -31,6 +31,10 @@ def test_default_gain_reports_each_arm_and_checkpoint_against_the_base(tmp_path)
         assert row["strict_gain"] == pytest.approx(scored["strict_accuracy"] - base["strict_accuracy"])
         assert row["strict_gain_se"] == pytest.approx(statistics.stdev(diff) / 6**0.5)
     assert result["runs"][0]["strict_gain"] == 0 and result["runs"][0]["strict_gain_se"] == 0
+    real, control = (json.loads((out / f"{d}_seed0" / "eval.json").read_text()) for d in ("jagg_w4", "jagg_w4_shuffled"))
+    assert [(r["seed"], r["steps"]) for r in result["vs_control"]] == [(0, 1), (0, 2)]
+    assert result["vs_control"][1]["dense_gain"] == pytest.approx(real["dense_score"] - control["dense_score"])
+    assert "minus its shuffled control" in (out / "gain.md").read_text()
     assert [a["arm"] for a in result["arms"]] == ["base", "jagg_w4", "jagg_w4+shuffled"]
     shuffled = (out / "jagg_w4_shuffled_seed0" / "config.yaml").read_text()
     assert "shuffle_advantages: true" in shuffled
