@@ -26,6 +26,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from jagg_lab.evaluate import paired_gain
+
 
 @dataclass
 class Args:
@@ -65,7 +67,7 @@ def main() -> None:
     h, m = divmod(int(args.minutes * 60), 3600)
     budget = f"00:{h:02d}:{m // 60:02d}:{m % 60:02d}"
     base = evaluate(out / "base.json", args, "shipped")
-    rows = [{"arm": "base", "seed": "-", "steps": 0, **_summary(base, base)}]
+    rows = [{"arm": "base", "seed": "-", "steps": 0, **paired_gain(base, base)}]
     curve: list[dict] = []  # every scored checkpoint, then the final policy, per run
     scored: dict[tuple[str, int, int], dict] = {}  # (arm, seed, step) -> evaluation, for the paired control comparison
     for arm, experiment, extra in arms(args):
@@ -80,9 +82,9 @@ def main() -> None:
                 step = int(ckpt.stem.removeprefix("step_"))
                 if step < steps:
                     scored[arm, seed, step] = evaluate(run_dir / f"eval_{ckpt.stem}.json", args, str(ckpt))
-                    curve.append({"arm": arm, "seed": seed, "steps": step, **_summary(scored[arm, seed, step], base)})
+                    curve.append({"arm": arm, "seed": seed, "steps": step, **paired_gain(scored[arm, seed, step], base)})
             scored[arm, seed, steps] = evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors"))
-            rows.append({"arm": arm, "seed": seed, "steps": steps, **_summary(scored[arm, seed, steps], base)})
+            rows.append({"arm": arm, "seed": seed, "steps": steps, **paired_gain(scored[arm, seed, steps], base)})
             curve.append(rows[-1])
     summary = [_arm_summary(name, [r for r in rows if r["arm"] == name]) for name in dict.fromkeys(r["arm"] for r in rows)]
     vs_control = _versus_control(scored, args)
@@ -110,7 +112,7 @@ def _versus_control(scored: dict[tuple[str, int, int], dict], args: Args) -> lis
     if not args.control:
         return []
     real, control = args.experiments[0], f"{args.experiments[0]}+shuffled"
-    return [{"seed": seed, "steps": step, **_summary(result, scored[control, seed, step])}
+    return [{"seed": seed, "steps": step, **paired_gain(result, scored[control, seed, step])}
             for (arm, seed, step), result in scored.items() if arm == real and (control, seed, step) in scored]
 
 
@@ -127,17 +129,6 @@ def _table(rows: list[dict]) -> list[str]:
     lines = ["| arm | seed | steps | held-out strict | gain | dense | gain |", "|---|---|---|---|---|---|---|"]
     return lines + [f"| {r['arm']} | {r['seed']} | {r['steps']} | {r['strict_accuracy']:.3f} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} "
                     f"| {r['dense_score']:.3f} | {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} |" for r in rows]
-
-
-def _summary(result: dict, base: dict) -> dict:
-    """Scores of an evaluation, and its gain over `base` (the base's evaluation, on the same
-    prompts and noise) with the standard error of the paired per-sample difference."""
-    out = {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"]}
-    for key in ("strict", "dense"):
-        diff = [a - b for a, b in zip(result["per_sample"][key], base["per_sample"][key], strict=True)]
-        out[f"{key}_gain"] = statistics.fmean(diff)
-        out[f"{key}_gain_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
-    return out
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from jagg_lab.policies import DiTPolicy, guided_velocity
 from jagg_lab.sampling import noise_schedule, ode_sample, sde_rollout
 from jagg_lab.worlds.shapes import CATEGORIES, render_batch, sample_prompt, verify_batch
 
-__all__ = ["EvalArgs", "eval_prompts", "sample_images", "score_images", "main"]
+__all__ = ["EvalArgs", "eval_prompts", "sample_images", "score_images", "paired_gain", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,26 @@ def score_images(images: torch.Tensor, prompts: list[str]) -> dict:
                 "dense_score": dense[mask].mean().item(),
             }
     return result
+
+
+# settings that may differ between two evaluations compared sample by sample (the rest fix the prompts and noise)
+_PAIRING_FREE = ("checkpoint", "out", "grid", "size")
+
+
+def paired_gain(result: dict, reference: dict) -> dict:
+    """Scores of an evaluation and its gain over `reference`, an evaluation of the same prompts
+    and noise, with the standard error of the paired per-sample difference (far smaller than
+    that of two independent accuracies, since both policies face the same samples)."""
+    args, ref_args = result.get("args", {}), reference.get("args", {})
+    differ = sorted(k for k in args.keys() | ref_args.keys() if k not in _PAIRING_FREE and args.get(k) != ref_args.get(k))
+    if differ:
+        raise ValueError(f"evaluations are not on the same prompts and noise: {', '.join(f'{k} {args.get(k)!r} vs {ref_args.get(k)!r}' for k in differ)}")
+    out = {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"]}
+    for key in ("strict", "dense"):
+        diff = [a - b for a, b in zip(result["per_sample"][key], reference["per_sample"][key], strict=True)]
+        out[f"{key}_gain"] = statistics.fmean(diff)
+        out[f"{key}_gain_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+    return out
 
 
 def run(args: EvalArgs) -> dict:

@@ -1,0 +1,86 @@
+"""Paired comparison of `python -m jagg_lab.evaluate` outputs on the same prompts and noise.
+
+    python experiments/paired.py reference=base.json "evaluations=[seed0.json,seed1.json,seed2.json]" [out=FILE.json]
+
+Prints, for each evaluation, its scores and its gain over the reference with the standard error
+of the paired per-sample difference, then the same for their mean (per-sample scores averaged
+over the evaluations, e.g. over the training seeds of one experiment). The evaluations must
+share every evaluate setting but `checkpoint`, `size`, `out` and `grid`; anything else is an
+error that names the differing keys. `out` (never overwritten) gets the rows as JSON.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from jagg_lab.evaluate import paired_gain
+
+
+@dataclass
+class Args:
+    reference: str = "???"
+    evaluations: list[str] = field(default_factory=list)
+    out: str | None = None
+
+
+def load(path: str) -> dict:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no evaluation at {path} (write one with python -m jagg_lab.evaluate ... out={path})")
+    result = json.loads(Path(path).read_text())
+    if "per_sample" not in result:
+        raise ValueError(f"{path} holds no per-sample scores; evaluate it again with the current jagg_lab.evaluate")
+    return result
+
+
+def mean_evaluation(results: list[dict]) -> dict:
+    """One evaluation whose per-sample scores are the average over `results` (same prompts and noise)."""
+    per_sample = {key: [statistics.fmean(scores) for scores in zip(*(r["per_sample"][key] for r in results), strict=True)]
+                  for key in ("strict", "dense")}
+    return {"args": results[0]["args"], "strict_accuracy": statistics.fmean(per_sample["strict"]),
+            "dense_score": statistics.fmean(per_sample["dense"]), "per_sample": per_sample}
+
+
+def compare(args: Args) -> list[dict]:
+    if not args.evaluations:
+        raise ValueError("evaluations is empty: pass \"evaluations=[a.json,...]\"")
+    if args.out and Path(args.out).exists():
+        raise FileExistsError(f"out={args.out} already exists; choose another path")
+    reference = load(args.reference)
+    results = [load(path) for path in args.evaluations]
+    rows = []
+    for path, result in zip(args.evaluations, results):
+        try:
+            rows.append({"evaluation": path, **paired_gain(result, reference)})
+        except ValueError as err:
+            raise ValueError(f"{path} vs reference {args.reference}: {err}") from None
+    if len(results) > 1:
+        rows.append({"evaluation": f"mean of {len(results)}", **paired_gain(mean_evaluation(results), reference)})
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Args), OmegaConf.from_cli(argv)))
+        rows = compare(args)
+    except (OmegaConfBaseException, ValueError, OSError) as err:
+        sys.stderr.write(f"paired.py: {err}\n")
+        return 2
+    n = len(load(args.reference)["per_sample"]["strict"])
+    lines = [f"gain over {args.reference} (n = {n}) +- the standard error of the paired per-sample difference", "",
+             "| evaluation | strict | gain | dense | gain |", "|---|---|---|---|---|"]
+    lines += [f"| {r['evaluation']} | {r['strict_accuracy']:.3f} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} "
+              f"| {r['dense_score']:.3f} | {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} |" for r in rows]
+    sys.stdout.write("\n".join(lines) + "\n")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"reference": args.reference, "n_samples": n, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
