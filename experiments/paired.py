@@ -3,7 +3,7 @@
     python experiments/paired.py reference=base.json "evaluations=[seed0.json,seed1.json,seed2.json]" [out=FILE.json]
 
 Prints, for each evaluation, its scores and its gain over the reference with the standard error
-of the paired per-sample difference, then the same for their mean (per-sample scores averaged
+of the paired per-sample difference (overall, then per prompt category), then the same for their mean (per-sample scores averaged
 over the evaluations, e.g. over the training seeds of one experiment). The evaluations must
 share every evaluate setting but `checkpoint`, `size`, `out` and `grid`; anything else is an
 error that names the differing keys. `out` (never overwritten) gets the rows as JSON.
@@ -76,6 +76,10 @@ def main(argv: list[str]) -> int:
              "| evaluation | strict | gain | dense | gain |", "|---|---|---|---|---|"]
     lines += [f"| {r['evaluation']} | {r['strict_accuracy']:.3f} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} "
               f"| {r['dense_score']:.3f} | {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} |" for r in rows]
+    categories = list(rows[0]["per_category"])
+    lines += ["", "strict gain per category:", "", f"| evaluation | {' | '.join(categories)} |", f"|---|{'---|' * len(categories)}"]
+    lines += [f"| {r['evaluation']} | " + " | ".join(f"{r['per_category'][c]['strict_gain']:+.3f} +- {r['per_category'][c]['strict_gain_se']:.3f}"
+                                                   for c in categories) + " |" for r in rows]
     sys.stdout.write("\n".join(lines) + "\n")
     if args.out:
         Path(args.out).write_text(json.dumps({"reference": args.reference, "n_samples": n, "rows": rows}, indent=2) + "\n")

@@ -23,7 +23,7 @@ from jagg_lab.policies import DiTPolicy, guided_velocity
 from jagg_lab.sampling import noise_schedule, ode_sample, sde_rollout
 from jagg_lab.worlds.shapes import CATEGORIES, render_batch, sample_prompt, verify_batch
 
-__all__ = ["EvalArgs", "eval_prompts", "sample_images", "score_images", "paired_gain", "main"]
+__all__ = ["EvalArgs", "eval_categories", "eval_prompts", "sample_images", "score_images", "paired_gain", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,15 @@ class EvalArgs:
     grid: str | None = None  # optional PNG grid of the first 64 samples
 
 
+def eval_categories(n: int) -> list[str]:
+    """The category of each of `eval_prompts`' n prompts: the categories in turn, so each gets n / 6."""
+    return [CATEGORIES[i % len(CATEGORIES)] for i in range(n)]
+
+
 def eval_prompts(n: int, seed: int, split: str = "heldout") -> list[str]:
-    """n prompts, categories in turn (so every category gets n / 6), deterministic in seed."""
+    """n prompts of the categories `eval_categories(n)`, deterministic in seed."""
     rng = np.random.default_rng(seed)
-    return [sample_prompt(rng, split, CATEGORIES[i % len(CATEGORIES)]) for i in range(n)]
+    return [sample_prompt(rng, split, category) for category in eval_categories(n)]
 
 
 @torch.inference_mode()
@@ -102,17 +107,26 @@ _PAIRING_FREE = ("checkpoint", "out", "grid", "size")
 def paired_gain(result: dict, reference: dict) -> dict:
     """Scores of an evaluation and its gain over `reference`, an evaluation of the same prompts
     and noise, with the standard error of the paired per-sample difference (far smaller than
-    that of two independent accuracies, since both policies face the same samples)."""
+    that of two independent accuracies, since both policies face the same samples); overall
+    and per category of the evaluation prompts."""
     args, ref_args = result.get("args", {}), reference.get("args", {})
     differ = sorted(k for k in args.keys() | ref_args.keys() if k not in _PAIRING_FREE and args.get(k) != ref_args.get(k))
     if differ:
         raise ValueError(f"evaluations are not on the same prompts and noise: {', '.join(f'{k} {args.get(k)!r} vs {ref_args.get(k)!r}' for k in differ)}")
     out = {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"]}
+    per_category: dict[str, dict] = {}
     for key in ("strict", "dense"):
         diff = [a - b for a, b in zip(result["per_sample"][key], reference["per_sample"][key], strict=True)]
-        out[f"{key}_gain"] = statistics.fmean(diff)
-        out[f"{key}_gain_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
-    return out
+        out[f"{key}_gain"], out[f"{key}_gain_se"] = _mean_and_se(diff)
+        categories = eval_categories(len(diff))
+        for category in dict.fromkeys(categories):
+            gain = _mean_and_se([d for d, c in zip(diff, categories) if c == category])
+            per_category.setdefault(category, {}).update({f"{key}_gain": gain[0], f"{key}_gain_se": gain[1]})
+    return {**out, "per_category": per_category}
+
+
+def _mean_and_se(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
 
 
 def run(args: EvalArgs) -> dict:

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from jagg_lab.evaluate import main as evaluate, paired_gain
+from jagg_lab.evaluate import eval_categories, eval_prompts, main as evaluate, paired_gain
+from jagg_lab.worlds.shapes import CATEGORIES, parse
 from tests.test_train_cli import REPO
 
 
@@ -25,6 +26,18 @@ def test_paired_gain_is_the_mean_difference_with_its_standard_error():
     assert gain["dense_gain_se"] == pytest.approx(statistics.stdev([0.5, 0.0, 0.0, 0.2]) / 2)
     # a policy against itself: no difference and no error
     assert paired_gain(base, base)["strict_gain_se"] == 0.0
+
+
+def test_paired_gain_per_category_follows_the_evaluation_prompts_order():
+    n = 2 * len(CATEGORIES)
+    categories = eval_categories(n)
+    assert [parse(p).category for p in eval_prompts(n, seed=3)] == categories
+    # a policy that gains only on single objects: the whole gain sits in that category
+    policy = _evaluation([int(c == "single_object") for c in categories], [float(c == "single_object") for c in categories])
+    gain = paired_gain(policy, _evaluation([0] * n, [0.0] * n))["per_category"]
+    assert list(gain) == list(CATEGORIES)
+    assert gain["single_object"]["strict_gain"] == 1.0 and gain["single_object"]["dense_gain_se"] == 0.0
+    assert all(gain[c]["strict_gain"] == 0.0 for c in CATEGORIES if c != "single_object")
 
 
 def test_paired_gain_refuses_evaluations_of_other_prompts_or_noise():
@@ -52,7 +65,8 @@ def test_paired_cli_compares_real_evaluations_and_their_mean(tmp_path):
     assert rows[1]["strict_gain"] == 0 and rows[1]["dense_gain_se"] == 0
     assert rows[2]["evaluation"] == "mean of 2"
     assert rows[2]["dense_gain"] == pytest.approx((rand["dense_score"] - base["dense_score"]) / 2)
-    assert "| mean of 2 |" in proc.stdout
+    assert "| mean of 2 |" in proc.stdout and "strict gain per category" in proc.stdout
+    assert set(rows[0]["per_category"]) == set(CATEGORIES)
     # the same out again is refused, and so is an evaluation of other prompts: both name what is wrong
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "already exists" in proc.stderr
