@@ -3,8 +3,9 @@
     python experiments/paired.py reference=base.json "evaluations=[seed0.json,seed1.json,seed2.json]" [out=FILE.json]
 
 Prints, for each evaluation, its scores and its gain over the reference with the standard error
-of the paired per-sample difference (overall, then per prompt category), then the same for their mean (per-sample scores averaged
-over the evaluations, e.g. over the training seeds of one experiment). The evaluations must
+of the paired per-sample difference (overall, then per prompt category), then the same for
+their mean (per-sample scores averaged over the evaluations, e.g. over the training seeds of
+one experiment). The evaluations must
 share every evaluate setting but `checkpoint`, `size`, `out` and `grid`; anything else is an
 error that names the differing keys. `out` (never overwritten) gets the rows as JSON.
 """
@@ -46,7 +47,8 @@ def mean_evaluation(results: list[dict]) -> dict:
             "dense_score": statistics.fmean(per_sample["dense"]), "per_sample": per_sample}
 
 
-def compare(args: Args) -> list[dict]:
+def compare(args: Args) -> tuple[int, list[dict]]:
+    """The number of samples, and a row per evaluation (then their mean) with its gain over the reference."""
     if not args.evaluations:
         raise ValueError("evaluations is empty: pass \"evaluations=[a.json,...]\"")
     if args.out and Path(args.out).exists():
@@ -61,17 +63,16 @@ def compare(args: Args) -> list[dict]:
             raise ValueError(f"{path} vs reference {args.reference}: {err}") from None
     if len(results) > 1:
         rows.append({"evaluation": f"mean of {len(results)}", **paired_gain(mean_evaluation(results), reference)})
-    return rows
+    return len(reference["per_sample"]["strict"]), rows
 
 
 def main(argv: list[str]) -> int:
     try:
         args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Args), OmegaConf.from_cli(argv)))
-        rows = compare(args)
+        n, rows = compare(args)
     except (OmegaConfBaseException, ValueError, OSError) as err:
         sys.stderr.write(f"paired.py: {err}\n")
         return 2
-    n = len(load(args.reference)["per_sample"]["strict"])
     lines = [f"gain over {args.reference} (n = {n}) +- the standard error of the paired per-sample difference", "",
              "| evaluation | strict | gain | dense | gain |", "|---|---|---|---|---|"]
     lines += [f"| {r['evaluation']} | {r['strict_accuracy']:.3f} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} "

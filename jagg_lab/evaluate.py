@@ -113,20 +113,22 @@ def paired_gain(result: dict, reference: dict) -> dict:
     differ = sorted(k for k in args.keys() | ref_args.keys() if k not in _PAIRING_FREE and args.get(k) != ref_args.get(k))
     if differ:
         raise ValueError(f"evaluations are not on the same prompts and noise: {', '.join(f'{k} {args.get(k)!r} vs {ref_args.get(k)!r}' for k in differ)}")
-    out = {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"]}
-    per_category: dict[str, dict] = {}
-    for key in ("strict", "dense"):
-        diff = [a - b for a, b in zip(result["per_sample"][key], reference["per_sample"][key], strict=True)]
-        out[f"{key}_gain"], out[f"{key}_gain_se"] = _mean_and_se(diff)
-        categories = eval_categories(len(diff))
-        for category in dict.fromkeys(categories):
-            gain = _mean_and_se([d for d, c in zip(diff, categories) if c == category])
-            per_category.setdefault(category, {}).update({f"{key}_gain": gain[0], f"{key}_gain_se": gain[1]})
-    return {**out, "per_category": per_category}
+    diffs = {key: [a - b for a, b in zip(result["per_sample"][key], reference["per_sample"][key], strict=True)]
+             for key in ("strict", "dense")}
+    categories = eval_categories(len(diffs["strict"]))
+    per_category = {category: _gains({key: [d for d, c in zip(diff, categories) if c == category] for key, diff in diffs.items()})
+                    for category in dict.fromkeys(categories)}
+    return {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"], **_gains(diffs),
+            "per_category": per_category}
 
 
-def _mean_and_se(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+def _gains(diffs: dict[str, list[float]]) -> dict[str, float]:
+    """Mean and standard error of each list of paired differences, as KEY_gain and KEY_gain_se."""
+    out = {}
+    for key, diff in diffs.items():
+        out[f"{key}_gain"] = statistics.fmean(diff)
+        out[f"{key}_gain_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+    return out
 
 
 def run(args: EvalArgs) -> dict:
