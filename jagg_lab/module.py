@@ -1,8 +1,10 @@
 """The Lightning module: the only place that wires the GRPO stages together.
 
 One training_step = one rollout batch: prompts -> SDE rollouts (no grad) -> rewards ->
-group advantages -> for each optimizer step: the gradient strategy over micro-batches ->
-clip -> step -> one metrics row. Manual optimization, because GRPO takes several
+group advantages -> for each optimizer step: the gradient phase over micro-batches ->
+clip -> step -> one metrics row. The math of each stage lives in its package (the loss
+and gradient phase in `grpo.objective`); this module holds the Lightning wiring: processes,
+optimizer and EMA, checkpoints, logging. Manual optimization, because GRPO takes several
 optimizer steps per batch and the strategy, not Lightning, runs the backward passes.
 
 Across processes (Lightning DDP), every rank sees the same prompts and samples its own
@@ -12,51 +14,34 @@ DDP's reducer and the accumulated gradients are all-reduced once per optimizer s
 """
 from __future__ import annotations
 
-import copy
 import logging
 import math
-import random
 import time
 from pathlib import Path
 from typing import Callable
 
 import lightning as L
-import numpy as np
 import torch
 import torchvision
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
-from jagg_lab.grpo import GRPOConfig, StepStats, group_advantages
-from jagg_lab.policies import guided_velocity
+from jagg_lab.checkpointing import rng_state, set_rng_state
+from jagg_lab.grpo import GRPOConfig, GRPOObjective, StepStats, rollout_advantages
+from jagg_lab.policies.base import guided_velocity_fn
+from jagg_lab.policies.reference import AdaptersOff, reference_policy
 from jagg_lab.rewards.base import Reward, check_scores
 from jagg_lab.sampling import SDESampler, sde_rollout, shard_noise
 from jagg_lab.strategies import BackwardStats, GradientStrategy
 from jagg_lab.strategies.core import flat_grad
-from jagg_lab.types import Cond, Rollout, cat_cond, index_cond
+from jagg_lab.types import Rollout
 
-__all__ = ["GRPOModule"]
+__all__ = ["GRPOModule", "AdaptersOff"]
 
 log = logging.getLogger(__name__)
 
 _SUMMED = set(BackwardStats.__dataclass_fields__) - {"loss"}
-
-
-def repeat_cond(cond: Cond, times: int) -> Cond:
-    return cond if times == 1 else cat_cond(*([cond] * times))
-
-
-class AdaptersOff:
-    """The base model under a LoRA policy: calls the policy with its adapters disabled.
-    A plain callable (not an nn.Module) so the policy's weights are not registered twice."""
-
-    def __init__(self, policy: nn.Module):
-        self.policy = policy
-
-    def __call__(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
-        with self.policy.adapters_disabled():
-            return self.policy(x, s, cond)
 
 
 class GRPOModule(L.LightningModule):
@@ -67,72 +52,32 @@ class GRPOModule(L.LightningModule):
     max_bad_steps: a non-finite reward, loss or gradient skips the optimizer step (logged,
     counted in `skipped_steps`); this many in a row stop the run with an error."""
 
-    def __init__(
-        self,
-        policy: nn.Module,
-        sampler: SDESampler,
-        reward: Reward,
-        strategy: GradientStrategy,
-        grpo: GRPOConfig,
-        optimizer: Callable,
-        group_size: int,
-        seed: int = 0,
-        sample_every: int = 10,
-        run_dir: str | None = None,
-        max_bad_steps: int = 3,
-    ):
+    def __init__(self, policy: nn.Module, sampler: SDESampler, reward: Reward, strategy: GradientStrategy,
+                 grpo: GRPOConfig, optimizer: Callable, group_size: int, seed: int = 0, sample_every: int = 10,
+                 run_dir: str | None = None, max_bad_steps: int = 3):
         super().__init__()
-        self.automatic_optimization = False
-        self.policy = policy
-        self.sampler = sampler
-        self.reward = reward
-        self.strategy = strategy
-        self.grpo = grpo
-        self.loss_fn = grpo.loss
-        self.optimizer_factory = optimizer
-        self.group_size = group_size
-        self.seed = seed
-        self.sample_every = sample_every
-        self.run_dir = Path(run_dir) if run_dir else None
-        self.trained_steps = grpo.trained_steps(sampler.num_steps)
-        # The reference for KL is the policy as it starts: its LoRA adapters switched off when
-        # it has them (no copy of a large model), else a frozen copy; nothing when KL is off.
-        if grpo.beta == 0:
-            self.ref_policy = None
-        elif getattr(policy, "has_adapters", False):
-            self.ref_policy = AdaptersOff(policy)
-        else:
-            self.ref_policy = copy.deepcopy(policy).requires_grad_(False).eval()
-        self.ema = (
-            AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(grpo.ema_decay), use_buffers=True)
-            if grpo.ema_decay
-            else None
-        )
-        self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
-        self.rollouts_done = 0
         if max_bad_steps < 1:
             raise ValueError(f"max_bad_steps must be >= 1, got {max_bad_steps}")
+        self.automatic_optimization = False
+        self.policy, self.sampler, self.reward, self.strategy, self.grpo = policy, sampler, reward, strategy, grpo
+        self.objective = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
+        self.trained_steps = list(self.objective.trained_steps)
+        self.optimizer_factory = optimizer
+        self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
+        self.run_dir = Path(run_dir) if run_dir else None
         self.max_bad_steps = max_bad_steps
-        self.bad_steps_in_a_row = 0
-        self.skipped_steps = 0
+        # The KL reference is the policy as it starts; nothing when KL is off.
+        self.ref_policy = reference_policy(policy) if grpo.beta else None
+        self.ema = (AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(grpo.ema_decay), use_buffers=True)
+                    if grpo.ema_decay else None)
+        self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
+        self.rollouts_done = self.bad_steps_in_a_row = self.skipped_steps = 0
 
-    # ---- configuration -------------------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]
 
     def configure_optimizers(self):
         return self.optimizer_factory(self.trainable_parameters())
-
-    # ---- stages --------------------------------------------------------------------
-    def velocity_fn(self, model: nn.Module, cond: Cond, null_cond: Cond) -> Callable:
-        """The model call strategies see: (x, s) -> guided v. x may stack several copies of
-        the micro-batch (JAGG's endpoints); the prompt conditioning is repeated to match."""
-        rows = next(iter(cond.values())).shape[0]
-
-        def call(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-            return guided_velocity(model, x, s, repeat_cond(cond, x.shape[0] // rows), null_cond, self.sampler.guidance)
-
-        return call
 
     # ---- processes ---------------------------------------------------------------
     @property
@@ -158,82 +103,58 @@ class GRPOModule(L.LightningModule):
         for p, grad in zip(params, flat.split([p.numel() for p in params])):
             p.grad = grad.view_as(p)
 
+    # ---- stages --------------------------------------------------------------------
     def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout:
         """SDE rollouts of this rank's rows; `generator` is shared by all ranks (see shard_noise)."""
         with torch.inference_mode():
             cond = self.policy.encode_prompts(prompts)
             null_cond = self.policy.encode_prompts([""])
         noise = shard_noise((len(prompts), *self.policy.sample_shape), generator, self.shard, self.device)
-        ref_fn = self.velocity_fn(self.ref_policy, cond, null_cond) if self.ref_policy is not None else None
+        guidance = self.sampler.guidance
         rollout = sde_rollout(
-            self.velocity_fn(self.policy, cond, null_cond),
-            noise,
-            self.sampler.noise_levels().to(self.device),
-            noise_level=self.sampler.noise_level,
-            cond=cond,
-            null_cond=null_cond,
+            guided_velocity_fn(self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels().to(self.device),
+            noise_level=self.sampler.noise_level, cond=cond, null_cond=null_cond,
             reduction=self.sampler.log_prob_reduction,
-            ref_velocity_fn=ref_fn,
-            ref_steps=self.trained_steps,
-            generator=generator,
-            shard=self.shard,
+            ref_velocity_fn=guided_velocity_fn(self.ref_policy, cond, null_cond, guidance) if self.ref_policy is not None else None,
+            ref_steps=self.trained_steps, generator=generator, shard=self.shard,
         )
         return rollout.for_training()
 
-    def step_loss_fn(self, rollout: Rollout, idx: torch.Tensor, advantages: torch.Tensor, scale: float) -> Callable:
-        """L_j(v) for trained step j of micro-batch `idx`, scaled so the accumulated gradient
-        is that of the mean over trained steps and samples. Records unscaled stats."""
-        levels = rollout.noise_levels.tolist()
-        x, nxt, old = rollout.states[idx], rollout.next_states[idx], rollout.log_probs[idx]
-        ref = rollout.ref_means[idx] if rollout.ref_means is not None else None
-        adv = advantages[idx]
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Advantages of the whole global batch (every rank computes the same ones)."""
+        shuffle = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done + 1)
+        return rollout_advantages(rewards, group_ids, self.grpo, shuffle)
 
-        def loss(j: int, v: torch.Tensor) -> torch.Tensor:
-            k = self.trained_steps[j]
-            value, stats = self.loss_fn(
-                v, x[:, k], nxt[:, k], levels[k], levels[k + 1], old[:, k], adv,
-                noise_level=self.sampler.noise_level, s_first_below_one=levels[1],
-                reduction=self.sampler.log_prob_reduction, ref_mean=None if ref is None else ref[:, k],
-            )
-            if not self.strategy.diagnosing:  # the diagnostic's extra passes would count samples twice
-                for name, metric in self.step_metrics.items():
-                    metric.update(getattr(stats, name))
-            return value * scale
-
-        return loss
-
-    def micro_batch_backward(self, rollout: Rollout, advantages: torch.Tensor, idx: torch.Tensor, scale: float, on_policy: bool) -> dict:
-        levels = rollout.noise_levels.tolist()
-        steps = self.trained_steps
-        return self.strategy(
-            self.velocity_fn(self.policy, index_cond(rollout.cond, idx), rollout.null_cond),
-            [rollout.states[idx, k] for k in steps],
-            [levels[k] for k in steps],
-            self.step_loss_fn(rollout, idx, advantages, scale / len(steps)),
-            velocities=[rollout.velocities[idx, k] for k in steps],
-            on_policy=on_policy,
-            params=self.trainable_parameters(),
-        )
+    def micro_batch_backward(self, rollout: Rollout, advantages: torch.Tensor, idx: torch.Tensor, scale: float,
+                             on_policy: bool) -> dict:
+        """The gradient phase of one micro-batch; its loss statistics go to `step_metrics`."""
+        stats, steps = self.objective.backward(self.strategy, self.policy, rollout, advantages, idx, scale=scale,
+                                               on_policy=on_policy, params=self.trainable_parameters())
+        for step in steps:
+            for name, metric in self.step_metrics.items():
+                metric.update(getattr(step, name))
+        return stats
 
     def accumulate_gradients(self, rollout: Rollout, advantages: torch.Tensor, chunk: torch.Tensor, on_policy: bool,
-                             chunk_size: int | None = None):
-        """Run the strategy over the micro-batches of `chunk` (this rank's rows of an optimizer
-        step's `chunk_size` samples, default all of them); returns summed stats and counts."""
+                             chunk_size: int) -> tuple[dict[str, float], dict[str, int]]:
+        """The strategy over the micro-batches of `chunk` (this rank's rows of an optimizer
+        step's `chunk_size` samples); returns summed stats and their counts."""
         self.policy.train()
-        chunk_size = chunk_size or len(chunk)
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
         for idx in chunk.split(self.grpo.micro_batch_size):
-            stats = self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy=on_policy)
-            for key, value in stats.items():
+            for key, value in self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy).items():
                 totals[key] = totals.get(key, 0.0) + value
                 counts[key] = counts.get(key, 0) + 1
         return totals, counts
 
+    def step_means(self) -> dict[str, float]:
+        """The optimizer step's loss statistics, averaged over every rank's micro-batches."""
+        return {name: metric.compute().item() for name, metric in self.step_metrics.items()}
+
     def apply_update(self, opt, finite_rewards: bool) -> float:
         """Clip and step, unless the reward, loss or gradient is non-finite; returns the grad norm."""
-        grad_norm = math.nan
-        losses_finite = True
+        grad_norm, losses_finite = math.nan, True
         if finite_rewards:  # the same on every rank: rewards are gathered before this
             self.sync_gradients()
             max_norm = self.grpo.max_grad_norm or math.inf
@@ -253,18 +174,6 @@ class GRPOModule(L.LightningModule):
         return grad_norm
 
     # ---- the GRPO step -------------------------------------------------------------
-    def step_means(self) -> dict[str, float]:
-        """The optimizer step's loss statistics, averaged over every rank's micro-batches."""
-        return {name: metric.compute().item() for name, metric in self.step_metrics.items()}
-
-    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """Advantages of the whole global batch (every rank computes the same ones)."""
-        advantages = group_advantages(rewards, group_ids, std=self.grpo.adv_std, clip_max=self.grpo.adv_clip_max)
-        if self.grpo.shuffle_advantages:
-            shuffle = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done + 1)
-            advantages = advantages[torch.randperm(len(advantages), generator=shuffle).to(advantages.device)]
-        return advantages
-
     def training_step(self, batch: dict, batch_idx: int) -> None:
         opt = self.optimizers()
         rank, world = self.shard
@@ -288,8 +197,8 @@ class GRPOModule(L.LightningModule):
         t2 = time.perf_counter()
         finite_rewards = bool(torch.isfinite(rewards).all())
         if not finite_rewards:
-            bad = int((~torch.isfinite(rewards)).sum())
-            log.warning("reward %r gave %d non-finite scores at step %d; skipping this rollout", self.reward.name, bad, self.global_step)
+            log.warning("reward %r gave %d non-finite scores at step %d; skipping this rollout", self.reward.name,
+                        int((~torch.isfinite(rewards)).sum()), self.global_step)
             rewards = torch.nan_to_num(rewards, nan=0.0, posinf=0.0, neginf=0.0)
         advantages = self.advantages(rewards, group_ids)
         component_means = {k: self.gather_rows(v.float().to(self.device)).nanmean().item() for k, v in components.items() if k != "reward"}
@@ -307,18 +216,12 @@ class GRPOModule(L.LightningModule):
                 totals, counts = self.accumulate_gradients(rollout, advantages[rows], local, on_policy=(j == 0), chunk_size=len(chunk))
             grad_norm = self.apply_update(opt, finite_rewards)
             t4 = time.perf_counter()
-
             means = self.step_means() if finite_rewards else {name: math.nan for name in self.step_metrics}
             row = {
-                "reward_mean": rewards.mean().item(),
-                "reward_std": rewards.std(unbiased=False).item(),
-                **means,
-                "grad_norm": grad_norm,
-                "time_rollout_s": t1 - t0 if j == 0 else 0.0,
-                "time_reward_s": t2 - t1 if j == 0 else 0.0,
-                "time_gradient_s": t4 - t3,
-                "lr": opt.param_groups[0]["lr"],
-                "skipped_steps": self.skipped_steps,
+                "reward_mean": rewards.mean().item(), "reward_std": rewards.std(unbiased=False).item(), **means,
+                "grad_norm": grad_norm, "time_rollout_s": t1 - t0 if j == 0 else 0.0,
+                "time_reward_s": t2 - t1 if j == 0 else 0.0, "time_gradient_s": t4 - t3,
+                "lr": opt.param_groups[0]["lr"], "skipped_steps": self.skipped_steps,
             }
             row.update({f"reward_{k}": v for k, v in component_means.items() if math.isfinite(v)})
             row.update({k: (v if k in _SUMMED else v / counts[k]) for k, v in totals.items() if k != "loss"})
@@ -355,26 +258,11 @@ class GRPOModule(L.LightningModule):
 
     # ---- exact resume: counters that are not parameters ------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rollouts_done"] = self.rollouts_done
-        checkpoint["skipped_steps"] = self.skipped_steps
-        checkpoint["strategy"] = self.strategy.state_dict()
-        # Tensors, ints and tuples only: Lightning loads checkpoints with weights_only=True.
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        checkpoint["rng"] = {
-            "torch": torch.get_rng_state(),
-            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        }
+        checkpoint.update(rollouts_done=self.rollouts_done, skipped_steps=self.skipped_steps,
+                          strategy=self.strategy.state_dict(), rng=rng_state())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.rollouts_done = checkpoint["rollouts_done"]
         self.skipped_steps = checkpoint["skipped_steps"]
         self.strategy.load_state_dict(checkpoint["strategy"])
-        rng = checkpoint["rng"]
-        torch.set_rng_state(rng["torch"])
-        kind, keys, pos, has_gauss, gauss = rng["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-        random.setstate(rng["python"])
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        set_rng_state(checkpoint["rng"])

@@ -5,11 +5,11 @@ gradient strategy -> optimizer step -> metrics. Each stage only sees these types
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 
 import torch
 
-__all__ = ["Cond", "index_cond", "cat_cond", "expand_cond", "PromptBatch", "Rollout"]
+__all__ = ["Cond", "index_cond", "cat_cond", "expand_cond", "Rollout"]
 
 # A prompt conditioning: a dict of batch-first tensors. The tiny DiT uses
 # {"tokens": (B, L, D), "pooled": (B, D)}; diffusers adapters carry their own keys.
@@ -30,15 +30,6 @@ def expand_cond(cond: Cond, batch: int) -> Cond:
 
 
 @dataclass(frozen=True)
-class PromptBatch:
-    """G copies of each of P prompts, in group order (B = P * G rows)."""
-
-    prompts: list[str]  # B
-    group_ids: torch.Tensor  # (B,) long, equal for samples of one prompt
-    metadata: list[dict] = field(default_factory=list)  # B
-
-
-@dataclass(frozen=True)
 class Rollout:
     """One SDE trajectory per sample, recorded for every sampling step k = 0..T-1."""
 
@@ -51,22 +42,25 @@ class Rollout:
     cond: Cond  # prompt conditioning, B rows
     null_cond: Cond  # null-prompt conditioning, 1 row
     final: torch.Tensor  # (B, *X) x_T, the generated sample
+    noise_level: float  # the SDE's noise scale `a`: the loss re-evaluates the same transition
+    log_prob_reduction: str  # "mean" | "sum" over pixels, as log_probs were reduced
 
     @property
     def num_steps(self) -> int:
         return self.states.shape[1]
 
+    @property
+    def s_first_below_one(self) -> float:
+        """The noise level that stands in for s = 1 in the SDE's std (see sampling.sde.sde_std)."""
+        return float(self.noise_levels[1])
+
     def for_training(self) -> "Rollout":
         """Copies made outside inference mode, so autograd may save them for backward."""
-        clone = lambda t: None if t is None else t.clone()  # noqa: E731
-        return Rollout(
-            states=clone(self.states),
-            next_states=clone(self.next_states),
-            noise_levels=clone(self.noise_levels),
-            log_probs=clone(self.log_probs),
-            velocities=clone(self.velocities),
-            ref_means=clone(self.ref_means),
-            cond={k: clone(v) for k, v in self.cond.items()},
-            null_cond={k: clone(v) for k, v in self.null_cond.items()},
-            final=clone(self.final),
-        )
+        def clone(value):
+            if isinstance(value, torch.Tensor):
+                return value.clone()
+            if isinstance(value, dict):
+                return {k: v.clone() for k, v in value.items()}
+            return value
+
+        return replace(self, **{f.name: clone(getattr(self, f.name)) for f in fields(self)})

@@ -17,12 +17,14 @@ __all__ = ["GRPOLoss", "StepStats"]
 
 @dataclass(frozen=True)
 class StepStats:
-    loss: float
-    policy_loss: float
-    kl: float
-    clip_frac: float
-    approx_kl: float
-    ratio_mean: float
+    """Statistics of one step's loss, as detached 0-d tensors (no device sync in the hot loop)."""
+
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    kl: torch.Tensor
+    clip_frac: torch.Tensor
+    approx_kl: torch.Tensor
+    ratio_mean: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,11 @@ class GRPOLoss:
             loss = loss + self.beta * kl
         with torch.no_grad():
             stats = StepStats(
-                loss=loss.item(),
-                policy_loss=policy_loss.item(),
-                kl=kl.item(),
-                clip_frac=((ratio - 1).abs() > self.clip_range).float().mean().item(),
-                approx_kl=(0.5 * log_ratio**2).mean().item(),
-                ratio_mean=ratio.mean().item(),
+                loss=loss.detach(),
+                policy_loss=policy_loss.detach(),
+                kl=kl.detach(),
+                clip_frac=((ratio - 1).abs() > self.clip_range).float().mean(),
+                approx_kl=(0.5 * log_ratio**2).mean(),
+                ratio_mean=ratio.mean(),
             )
         return loss, stats

@@ -92,6 +92,8 @@ def sde_rollout(
         cond=cond,
         null_cond=null_cond,
         final=x,
+        noise_level=noise_level,
+        log_prob_reduction=reduction,
     )
 
 

@@ -1,4 +1,4 @@
-"""The gradient-strategy interface and its optional diagnostics against the full gradient."""
+"""The gradient-strategy interface, its windowed form, and optional diagnostics against `full`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,7 +8,7 @@ import torch
 
 from jagg_lab.strategies.core import StepLossFn, VelocityFn, flat_grad, full_backward, partition_windows
 
-__all__ = ["GradientStrategy"]
+__all__ = ["GradientStrategy", "WindowedStrategy"]
 
 
 def _zero(params: list[torch.Tensor]) -> None:
@@ -22,19 +22,16 @@ class GradientStrategy(ABC):
 
     diagnose_every: every N-th call also computes the full gradient on the same
     micro-batch and reports `grad_cosine`, `grad_norm_ratio` and per-window cosines
-    (`grad_cosine_w{i}`); the accumulated gradient is still the strategy's own.
-    window: steps per window (used by windowed strategies and by the per-window diagnostics).
+    (`grad_cosine_w{i}`, over `diagnostic_windows`); the accumulated gradient is still the
+    strategy's own. The extra passes call the step loss again after the strategy's own
+    pass, so a caller that records loss statistics keeps the first value of each step.
     """
 
-    def __init__(self, diagnose_every: int = 0, window: int = 1):
-        if window < 1:
-            raise ValueError(f"strategy.window must be >= 1, got {window}")
+    def __init__(self, diagnose_every: int = 0):
         if diagnose_every < 0:
             raise ValueError(f"strategy.diagnose_every must be >= 0, got {diagnose_every}")
-        self.window = window
         self.diagnose_every = diagnose_every
         self.calls = 0
-        self.diagnosing = False  # True during the diagnostic's extra passes (callers skip their bookkeeping)
 
     def state_dict(self) -> dict:
         """What a checkpoint needs for an exact resume (counters, random state)."""
@@ -42,6 +39,10 @@ class GradientStrategy(ABC):
 
     def load_state_dict(self, state: dict) -> None:
         self.calls = state["calls"]
+
+    def diagnostic_windows(self, num_steps: int) -> list[list[int]]:
+        """The groups of trained steps the diagnostics compare one by one (default: each step)."""
+        return partition_windows(num_steps, 1)
 
     @abstractmethod
     def backward(
@@ -77,12 +78,7 @@ class GradientStrategy(ABC):
         _zero(params)
         stats = self.backward(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy)
         own = [p.grad for p in params]
-        g_strategy = flat_grad(params)
-        self.diagnosing = True
-        try:
-            stats.update(self._compare(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy, params, g_strategy))
-        finally:
-            self.diagnosing = False
+        stats.update(self._compare(velocity_fn, states, noise_levels, step_loss_fn, velocities, on_policy, params, flat_grad(params)))
         for p, before, mine in zip(params, saved, own):
             p.grad = mine if before is None else (before if mine is None else before + mine)
         return stats
@@ -95,7 +91,7 @@ class GradientStrategy(ABC):
         g_full = flat_grad(params)
         stats["grad_cosine"] = torch.nn.functional.cosine_similarity(g_strategy, g_full, dim=0).item()
         stats["grad_norm_ratio"] = (g_strategy.norm() / g_full.norm().clamp_min(1e-30)).item()
-        for w, steps in enumerate(partition_windows(len(states), self.window)):
+        for w, steps in enumerate(self.diagnostic_windows(len(states))):
             sub_states = [states[k] for k in steps]
             sub_levels = [noise_levels[k] for k in steps]
             sub_vel = None if velocities is None else [velocities[k] for k in steps]
@@ -110,3 +106,20 @@ class GradientStrategy(ABC):
             full_backward(velocity_fn, sub_states, sub_levels, sub_loss)
             stats[f"grad_cosine_w{w}"] = torch.nn.functional.cosine_similarity(g_w, flat_grad(params), dim=0).item()
         return stats
+
+
+class WindowedStrategy(GradientStrategy):
+    """A strategy that works window by window over the trained steps, `window` steps each
+    (a shorter leftover window closes the list); diagnostics compare window by window."""
+
+    def __init__(self, window: int = 4, diagnose_every: int = 0):
+        super().__init__(diagnose_every=diagnose_every)
+        if window < 1:
+            raise ValueError(f"strategy.window must be >= 1, got {window}")
+        self.window = window
+
+    def windows(self, num_steps: int) -> list[list[int]]:
+        return partition_windows(num_steps, self.window)
+
+    def diagnostic_windows(self, num_steps: int) -> list[list[int]]:
+        return self.windows(num_steps)

@@ -25,6 +25,8 @@ __all__ = [
     "MODES",
     "check_mode",
     "effective_mode",
+    "Segment",
+    "interpolate_backward",
 ]
 
 # Where a windowed strategy gets the velocities of steps it does not backpropagate through.
@@ -104,10 +106,15 @@ def full_step_backward(
     return BackwardStats(backward_passes=1, backward_items=1, grad_forwards=1, loss=loss.item())
 
 
-def check_mode(mode: str, velocities: Sequence[torch.Tensor] | None) -> None:
+_NOT_GIVEN = object()
+
+
+def check_mode(mode: str, velocities=_NOT_GIVEN) -> None:
+    """`mode` must be one of MODES; the modes other than `recompute` read the rollout's
+    velocities, so a call that passes `velocities` must pass them for those."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode != "recompute" and velocities is None:
+        raise ValueError(f"strategy.mode must be one of {MODES}, got {mode!r}")
+    if velocities is None and mode != "recompute":
         raise ValueError(f"mode={mode!r} needs the rollout's cached velocities (velocities=...)")
 
 
@@ -130,3 +137,120 @@ def full_backward(
     for k, (state, s) in enumerate(zip(states, noise_levels)):
         stats.add(full_step_backward(velocity_fn, state, float(s), k, step_loss_fn))
     return stats.as_dict()
+
+
+# ---- the interpolating core: one joint pass per piece of linked segments -------------------------
+@dataclass(frozen=True)
+class Segment:
+    """Steps left..right (trained-step indices) whose Jacobian is interpolated between the knots
+    `left` and `right` (left == right: a lone step, its exact gradient). `correct`: an interior
+    step r whose exact Jacobian product also enters with weight `weight` against its interpolated
+    one, weight * (J_r - Jhat_r)^T g_r (the control variate of `jagg_cv`); None for plain JAGG."""
+
+    left: int
+    right: int
+    correct: int | None = None
+    weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.right < self.left:
+            raise ValueError(f"segment [{self.left}..{self.right}] runs backwards")
+        if self.correct is not None and not self.left < self.correct < self.right:
+            raise ValueError(f"corrected step {self.correct} is not interior to [{self.left}..{self.right}]")
+
+    @property
+    def interior(self) -> range:
+        return range(self.left + 1, self.right)
+
+
+def interpolate_backward(
+    velocity_fn: VelocityFn,
+    states: Sequence[torch.Tensor],
+    noise_levels: Sequence[float],
+    step_loss_fn: StepLossFn,
+    segments: Sequence[Segment],
+    *,
+    velocities: Sequence[torch.Tensor] | None = None,
+    mode: str = "recompute",
+    max_items: int | None = None,
+) -> BackwardStats:
+    """One piece of the interpolating strategies: the Jacobian is interpolated linearly in
+    noise level inside each segment, so every step's upstream signal g_k reaches the model
+    through the segments' knots (plus corrected steps): sum over nodes n of J_n^T G_n. The
+    nodes go through one joint forward with grad and ONE backward of sum <v_n, G_n>, split
+    into passes of at most `max_items` nodes (batches of B rows) when memory demands.
+
+    Consecutive segments may share a knot (`jagg_knots`); a knot's own g goes wholly to it.
+    The velocities of other steps come by `mode` (see MODES); a corrected step's g too, so the
+    correction needs no velocity from a later pass. Accumulates into .grad.
+    """
+    levels = [float(s) for s in noise_levels]
+    knots = sorted({k for seg in segments for k in (seg.left, seg.right)})
+    nodes = sorted(set(knots) | {seg.correct for seg in segments if seg.correct is not None})
+    chunk = len(nodes) if max_items is None else max_items
+    if chunk < 1:
+        raise ValueError(f"max_items must be >= 1, got {max_items}")
+    passes = [nodes[i : i + chunk] for i in range(0, len(nodes), chunk)]
+    spans = [seg for seg in segments if seg.right > seg.left]
+    stats = BackwardStats(backward_passes=len(passes), backward_items=len(nodes), windows=len(spans), jagg_windows=len(spans))
+    batch = states[0].shape[0]
+
+    def forward(steps: list[int]) -> torch.Tensor:
+        return velocity_fn(torch.cat([states[k] for k in steps]), torch.cat([noise_level_batch(levels[k], states[k]) for k in steps]))
+
+    def split(v: torch.Tensor, steps: list[int]) -> dict[int, torch.Tensor]:
+        return {k: v[i * batch : (i + 1) * batch] for i, k in enumerate(steps)}
+
+    # The knots' current velocities: from the joint forward with grad when it is one pass; the
+    # interpolated mode needs them for every segment up front, hence no-grad passes when split.
+    outputs: dict[int, torch.Tensor] = {}
+    current: dict[int, torch.Tensor] = {}
+    if len(passes) == 1:
+        outputs = split(forward(passes[0]), passes[0])
+        stats.grad_forwards += 1
+        current = {k: v.detach() for k, v in outputs.items()}
+    elif mode == "interpolated":
+        with torch.no_grad():
+            for steps in passes:
+                current.update(split(forward(steps), steps))
+        stats.nograd_forwards += len(passes)
+
+    signal: dict[int, torch.Tensor] = {}
+
+    def add(node: int, g: torch.Tensor) -> None:
+        signal[node] = g if node not in signal else signal[node] + g
+
+    for seg in spans:
+        alphas = interpolation_weights(levels[seg.left : seg.right + 1])
+        for k, alpha in zip(seg.interior, alphas[1:-1]):
+            if mode == "recompute":
+                with torch.no_grad():
+                    v_k = velocity_fn(states[k], noise_level_batch(levels[k], states[k]))
+                stats.nograd_forwards += 1
+            elif mode == "cached":
+                v_k = velocities[k]
+            else:  # interpolated: carry the knots' parameter change over to step k
+                v_k = (velocities[k] + (1 - alpha) * (current[seg.left] - velocities[seg.left])
+                       + alpha * (current[seg.right] - velocities[seg.right]))
+            g_k, loss_k = upstream_signal(step_loss_fn, k, v_k)
+            stats.loss += loss_k
+            # The control variate moves weight * g_r from the interpolated Jacobian to the exact one.
+            share = 1.0 - seg.weight if k == seg.correct else 1.0
+            add(seg.left, (share * (1 - alpha)) * g_k)
+            add(seg.right, (share * alpha) * g_k)
+            if k == seg.correct:
+                add(k, seg.weight * g_k)
+
+    for steps in passes:
+        if len(passes) > 1:
+            outputs = split(forward(steps), steps)
+            stats.grad_forwards += 1
+        surrogate = 0.0
+        for k in steps:
+            if k in knots:
+                g_k, loss_k = upstream_signal(step_loss_fn, k, outputs[k].detach())
+                stats.loss += loss_k
+                add(k, g_k)
+            surrogate = surrogate + (outputs[k] * signal[k]).sum()
+        surrogate.backward()
+    return stats

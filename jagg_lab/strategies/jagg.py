@@ -11,23 +11,20 @@ from typing import Sequence
 
 import torch
 
-from jagg_lab.strategies.base import GradientStrategy
+from jagg_lab.strategies.base import WindowedStrategy
 from jagg_lab.strategies.core import (
     MODES,
     BackwardStats,
+    Segment,
     StepLossFn,
     VelocityFn,
     check_mode,
     effective_mode,
-    full_step_backward,
-    interpolation_weights,
-    noise_level_batch,
+    interpolate_backward,
     partition_windows,
-    upstream_signal,
 )
 
 __all__ = ["MODES", "jagg_window_backward", "jagg_backward", "JaggStrategy"]
-
 
 
 def jagg_window_backward(
@@ -41,43 +38,8 @@ def jagg_window_backward(
     mode: str = "recompute",
 ) -> BackwardStats:
     """JAGG over one window of trained-step indices `steps` (consecutive, in sampling order)."""
-    if len(steps) == 1:
-        k = steps[0]
-        return full_step_backward(velocity_fn, states[k], float(noise_levels[k]), k, step_loss_fn)
-    a, b = steps[0], steps[-1]
-    levels = [float(noise_levels[k]) for k in steps]
-    alphas = interpolation_weights(levels)
-    x_a, x_b = states[a], states[b]
-    batch = x_a.shape[0]
-    # One forward of the two endpoint batches together; the model sees 2B rows (4B with CFG).
-    v_ab = velocity_fn(torch.cat([x_a, x_b]), torch.cat([noise_level_batch(levels[0], x_a), noise_level_batch(levels[-1], x_b)]))
-    v_a, v_b = v_ab[:batch], v_ab[batch:]
-    stats = BackwardStats(backward_passes=1, backward_items=2, grad_forwards=1, windows=1, jagg_windows=1)
-    g_a = torch.zeros_like(v_a)
-    g_b = torch.zeros_like(v_b)
-    for k, s, alpha in zip(steps, levels, alphas):
-        if k == a:
-            v_k = v_a.detach()
-        elif k == b:
-            v_k = v_b.detach()
-        elif mode == "recompute":
-            with torch.no_grad():
-                v_k = velocity_fn(states[k], noise_level_batch(s, states[k]))
-            stats.nograd_forwards += 1
-        elif mode == "cached":
-            v_k = velocities[k]
-        else:  # interpolated: carry the endpoints' parameter change over to step k
-            v_k = (
-                velocities[k]
-                + (1 - alpha) * (v_a.detach() - velocities[a])
-                + alpha * (v_b.detach() - velocities[b])
-            )
-        g_k, loss_k = upstream_signal(step_loss_fn, k, v_k)
-        g_a += (1 - alpha) * g_k
-        g_b += alpha * g_k
-        stats.loss += loss_k
-    ((v_a * g_a).sum() + (v_b * g_b).sum()).backward()
-    return stats
+    return interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, [Segment(steps[0], steps[-1])],
+                                velocities=velocities, mode=mode)
 
 
 def jagg_backward(
@@ -90,14 +52,14 @@ def jagg_backward(
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
 ) -> dict[str, float]:
-    """Accumulate JAGG's estimate of grad sum_k L_k into .grad; one model backward per window.
+    """Accumulate the JAGG estimate of grad sum_k L_k into .grad (adds to existing grads).
 
-    velocity_fn(x, s) -> v is the model call (x: (B, ...), s: (B,) noise levels).
-    states: K tensors x_k, the inputs of the K trained steps in sampling order.
-    noise_levels: K floats s_k. step_loss_fn(k, v): loss of trained step k as a function of v.
-    velocities: K cached rollout velocities, needed by mode "cached" and "interpolated".
-    mode: where intermediate velocities come from (JAGG.md section 4). "cached" is exact only
-    while the parameters are those that sampled the rollout; the caller must know that.
+    velocity_fn(x, s): the model call, x (n*B, *X) -> v (n*B, *X) for n stacked copies of
+    the B rows (JAGG stacks its two endpoints). states: K tensors (B, *X), the trained
+    steps' inputs in sampling order. noise_levels: K floats s_k. step_loss_fn(k, v): loss
+    of trained step k as a function of v. velocities: the rollout's K velocities, needed by
+    `cached` and `interpolated`. `cached` is exact only while the parameters are those that
+    sampled the rollout; the caller must know that.
     Returns stats: backward_passes (= windows), backward_items, forwards, loss.
     """
     if len(states) != len(noise_levels):
@@ -109,14 +71,13 @@ def jagg_backward(
     return stats.as_dict()
 
 
-class JaggStrategy(GradientStrategy):
+class JaggStrategy(WindowedStrategy):
     """window: W trained steps per window. mode: recompute | cached | interpolated.
     `cached` falls back to `recompute` (counted in `fallbacks`) once the parameters moved."""
 
     def __init__(self, window: int = 4, mode: str = "cached", diagnose_every: int = 0):
-        super().__init__(diagnose_every=diagnose_every, window=window)
-        if mode not in MODES:
-            raise ValueError(f"strategy.mode must be one of {MODES}, got {mode!r}")
+        super().__init__(window=window, diagnose_every=diagnose_every)
+        check_mode(mode)
         self.mode = mode
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):

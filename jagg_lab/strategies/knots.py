@@ -18,15 +18,13 @@ import torch
 
 from jagg_lab.strategies.base import GradientStrategy
 from jagg_lab.strategies.core import (
-    MODES,
-    BackwardStats,
+    Segment,
     StepLossFn,
     VelocityFn,
     check_mode,
     effective_mode,
+    interpolate_backward,
     interpolation_weights,
-    noise_level_batch,
-    upstream_signal,
 )
 
 __all__ = ["uniform_knots", "adaptive_knots", "segment_costs", "knots_backward", "JaggKnotsStrategy"]
@@ -121,68 +119,12 @@ def knots_backward(
     if num != len(noise_levels):
         raise ValueError(f"got {num} states but {len(noise_levels)} noise levels")
     check_mode(mode, velocities)
-    levels = [float(s) for s in noise_levels]
-    positions = _resolve_knots(num, knots, knot_spacing, knot_budget, velocities, levels)
-    chunk = len(positions) if knot_chunk is None else knot_chunk
-    if chunk < 1:
+    if knot_chunk is not None and knot_chunk < 1:
         raise ValueError(f"knot_chunk must be >= 1, got {knot_chunk}")
-    chunks = [positions[i : i + chunk] for i in range(0, len(positions), chunk)]
-    stats = BackwardStats(backward_passes=len(chunks), backward_items=len(positions), windows=max(1, len(positions) - 1))
-    stats.jagg_windows = stats.windows
-
-    def forward(steps: list[int]) -> torch.Tensor:
-        return velocity_fn(torch.cat([states[k] for k in steps]), torch.cat([noise_level_batch(levels[k], states[k]) for k in steps]))
-
-    batch = states[0].shape[0]
-    # Current velocities at the knots: from the joint forward with grad when unchunked; the
-    # interpolated mode needs them for every segment up front, hence a no-grad pass when chunked.
-    outputs: dict[int, torch.Tensor] = {}
-    knot_v: dict[int, torch.Tensor] = {}
-    if len(chunks) == 1:
-        v = forward(positions)
-        stats.grad_forwards += 1
-        outputs = {k: v[i * batch : (i + 1) * batch] for i, k in enumerate(positions)}
-        knot_v = {k: o.detach() for k, o in outputs.items()}
-    elif mode == "interpolated":
-        with torch.no_grad():
-            for steps in chunks:
-                v = forward(steps)
-                knot_v.update({k: v[i * batch : (i + 1) * batch] for i, k in enumerate(steps)})
-        stats.nograd_forwards += len(chunks)
-
-    signal = {k: None for k in positions}  # G at each knot
-
-    def add(k: int, g: torch.Tensor) -> None:
-        signal[k] = g if signal[k] is None else signal[k] + g
-
-    for left, right in zip(positions[:-1], positions[1:]):
-        alphas = interpolation_weights(levels[left : right + 1])
-        for k, alpha in zip(range(left + 1, right), alphas[1:-1]):
-            if mode == "recompute":
-                with torch.no_grad():
-                    v_k = velocity_fn(states[k], noise_level_batch(levels[k], states[k]))
-                stats.nograd_forwards += 1
-            elif mode == "cached":
-                v_k = velocities[k]
-            else:
-                v_k = velocities[k] + (1 - alpha) * (knot_v[left] - velocities[left]) + alpha * (knot_v[right] - velocities[right])
-            g_k, loss_k = upstream_signal(step_loss_fn, k, v_k)
-            add(left, (1 - alpha) * g_k)
-            add(right, alpha * g_k)
-            stats.loss += loss_k
-
-    for steps in chunks:
-        if len(chunks) > 1:
-            v = forward(steps)
-            stats.grad_forwards += 1
-            outputs = {k: v[i * batch : (i + 1) * batch] for i, k in enumerate(steps)}
-        surrogate = 0.0
-        for k in steps:
-            g_k, loss_k = upstream_signal(step_loss_fn, k, outputs[k].detach())
-            stats.loss += loss_k
-            add(k, g_k)
-            surrogate = surrogate + (outputs[k] * signal[k]).sum()
-        surrogate.backward()
+    positions = _resolve_knots(num, knots, knot_spacing, knot_budget, velocities, [float(s) for s in noise_levels])
+    segments = [Segment(left, right) for left, right in zip(positions[:-1], positions[1:])] or [Segment(positions[0], positions[0])]
+    stats = interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, segments,
+                                 velocities=velocities, mode=mode, max_items=knot_chunk)
     out = stats.as_dict()
     out["knots"] = positions
     return out
@@ -195,7 +137,7 @@ class JaggKnotsStrategy(GradientStrategy):
 
     def __init__(self, knot_spacing: int | None = 3, knot_budget: int | None = None, knot_chunk: int | None = None,
                  mode: str = "cached", knots: list[int] | None = None, diagnose_every: int = 0):
-        super().__init__(diagnose_every=diagnose_every, window=10**9)
+        super().__init__(diagnose_every=diagnose_every)
         if sum(x is not None for x in (knot_spacing, knot_budget, knots)) != 1:
             raise ValueError("set exactly one of strategy.knot_spacing, strategy.knot_budget and strategy.knots")
         if knot_spacing is not None and knot_spacing < 1:
@@ -204,10 +146,12 @@ class JaggKnotsStrategy(GradientStrategy):
             raise ValueError(f"strategy.knot_budget must be >= 2, got {knot_budget}")
         if knot_chunk is not None and knot_chunk < 1:
             raise ValueError(f"strategy.knot_chunk must be >= 1, got {knot_chunk}")
-        if mode not in MODES:
-            raise ValueError(f"strategy.mode must be one of {MODES}, got {mode!r}")
+        check_mode(mode)
         self.knot_spacing, self.knot_budget, self.knot_chunk, self.mode = knot_spacing, knot_budget, knot_chunk, mode
         self.knots = None if knots is None else [int(k) for k in knots]
+
+    def diagnostic_windows(self, num_steps: int) -> list[list[int]]:
+        return [list(range(num_steps))]  # the knots link every segment: one piece
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
         mode, fallbacks = effective_mode(self.mode, on_policy)

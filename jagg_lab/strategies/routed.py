@@ -12,11 +12,10 @@ from typing import Sequence
 
 import torch
 
-from jagg_lab.strategies.base import GradientStrategy
-from jagg_lab.strategies.core import BackwardStats, effective_mode, full_step_backward, partition_windows
+from jagg_lab.strategies.core import BackwardStats, effective_mode, full_step_backward
 from jagg_lab.strategies.jagg import JaggStrategy, jagg_window_backward
 
-__all__ = ["window_scores", "route_windows", "JaggRoutedStrategy", "NOISE_REGIONS"]
+__all__ = ["window_scores", "check_routing", "route_windows", "JaggRoutedStrategy", "NOISE_REGIONS"]
 
 # Noise-level regions for routing statistics: a window belongs to the region of its mean level.
 NOISE_REGIONS = (("high", 2 / 3, math.inf), ("mid", 1 / 3, 2 / 3), ("low", -math.inf, 1 / 3))
@@ -35,10 +34,19 @@ def window_scores(velocities: Sequence[torch.Tensor], steps: Sequence[int]) -> t
     return torch.stack(cosines, 1).min(1).values
 
 
-def route_windows(scores: Sequence[float], *, cos_threshold: float | None, jagg_frac: float | None) -> list[bool]:
-    """Which windows go through JAGG: score >= threshold, or the top `jagg_frac` share by score."""
+def check_routing(cos_threshold: float | None, jagg_frac: float | None) -> None:
+    """Exactly one routing rule, inside its range."""
     if (cos_threshold is None) == (jagg_frac is None):
         raise ValueError("set exactly one of strategy.cos_threshold and strategy.jagg_frac")
+    if cos_threshold is not None and not -1 <= cos_threshold <= 1:
+        raise ValueError(f"strategy.cos_threshold must be in [-1, 1], got {cos_threshold}")
+    if jagg_frac is not None and not 0 <= jagg_frac <= 1:
+        raise ValueError(f"strategy.jagg_frac must be in [0, 1], got {jagg_frac}")
+
+
+def route_windows(scores: Sequence[float], *, cos_threshold: float | None, jagg_frac: float | None) -> list[bool]:
+    """Which windows go through JAGG: score >= threshold, or the top `jagg_frac` share by score."""
+    check_routing(cos_threshold, jagg_frac)
     if cos_threshold is not None:
         return [score >= cos_threshold for score in scores]
     n_jagg = round(jagg_frac * len(scores))
@@ -65,12 +73,7 @@ class JaggRoutedStrategy(JaggStrategy):
         diagnose_every: int = 0,
     ):
         super().__init__(window=window, mode=mode, diagnose_every=diagnose_every)
-        if (cos_threshold is None) == (jagg_frac is None):
-            raise ValueError("set exactly one of strategy.cos_threshold and strategy.jagg_frac")
-        if cos_threshold is not None and not -1 <= cos_threshold <= 1:
-            raise ValueError(f"strategy.cos_threshold must be in [-1, 1], got {cos_threshold}")
-        if jagg_frac is not None and not 0 <= jagg_frac <= 1:
-            raise ValueError(f"strategy.jagg_frac must be in [0, 1], got {jagg_frac}")
+        check_routing(cos_threshold, jagg_frac)
         if aggregate not in ("mean", "min"):
             raise ValueError(f"strategy.aggregate must be 'mean' or 'min', got {aggregate!r}")
         self.cos_threshold = cos_threshold
@@ -81,7 +84,7 @@ class JaggRoutedStrategy(JaggStrategy):
         if velocities is None:
             raise ValueError("jagg_routed scores windows from the rollout's cached velocities; pass velocities=")
         mode, fallbacks = effective_mode(self.mode, on_policy)
-        windows = partition_windows(len(states), self.window)
+        windows = self.windows(len(states))
         per_sample = [window_scores(velocities, steps) for steps in windows]
         scores = [(s.mean() if self.aggregate == "mean" else s.min()).item() for s in per_sample]
         routed = route_windows(scores, cos_threshold=self.cos_threshold, jagg_frac=self.jagg_frac)

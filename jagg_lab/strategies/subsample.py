@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from jagg_lab.strategies.base import GradientStrategy
-from jagg_lab.strategies.core import BackwardStats, full_step_backward, partition_windows
+from jagg_lab.strategies.base import WindowedStrategy
+from jagg_lab.strategies.core import BackwardStats, full_step_backward
 
 __all__ = ["SubsampleStrategy"]
 
 
-class SubsampleStrategy(GradientStrategy):
+class SubsampleStrategy(WindowedStrategy):
     """per_window: steps trained per window (2 matches JAGG's budget).
     choice: "fixed" takes the window's endpoints (evenly spaced steps if per_window > 2),
     "random" draws them (seeded). Each chosen step's loss is scaled by len(window) / chosen."""
@@ -46,7 +46,7 @@ class SubsampleStrategy(GradientStrategy):
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
         stats = BackwardStats()
-        for steps in partition_windows(len(states), self.window):
+        for steps in self.windows(len(states)):
             chosen = self.choose(steps)
             scale = len(steps) / len(chosen)
             stats.windows += 1

@@ -54,7 +54,7 @@ def test_on_policy_ratio_is_one_at_training_batch_sizes(guidance):
     rollout, advantages = rollout_and_advantages(module)
     levels = rollout.noise_levels.tolist()
     for idx in torch.arange(rollout.states.shape[0]).split(4):
-        velocity_fn = module.velocity_fn(module.policy, {k: v[idx] for k, v in rollout.cond.items()}, rollout.null_cond)
+        velocity_fn = module.objective.velocity_fn(module.policy, rollout, idx)
         for k in range(rollout.num_steps):
             x = rollout.states[idx, k]
             with torch.no_grad():

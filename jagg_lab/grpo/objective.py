@@ -1,0 +1,113 @@
+"""The GRPO objective of one rollout, as pure functions the module, benchmarks and tests share.
+
+rewards -> advantages (`rollout_advantages`); a micro-batch's per-step loss as a function of
+the velocity (`GRPOObjective.step_loss_fn`); and the gradient phase, a gradient strategy
+pushing those losses through the policy (`GRPOObjective.backward`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from jagg_lab.grpo.advantages import group_advantages
+from jagg_lab.grpo.config import GRPOConfig
+from jagg_lab.grpo.loss import GRPOLoss, StepStats
+from jagg_lab.policies.base import guided_velocity_fn
+from jagg_lab.strategies import GradientStrategy
+from jagg_lab.strategies.core import StepLossFn, VelocityFn
+from jagg_lab.types import Rollout, index_cond
+
+__all__ = ["rollout_advantages", "GRPOObjective"]
+
+
+def rollout_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, grpo: GRPOConfig, shuffle: torch.Generator | None = None
+) -> torch.Tensor:
+    """Group advantages of a whole batch, (B,). With grpo.shuffle_advantages (a control run)
+    they are permuted across the batch by `shuffle`, which the caller seeds per rollout."""
+    advantages = group_advantages(rewards, group_ids, std=grpo.adv_std, clip_max=grpo.adv_clip_max)
+    if grpo.shuffle_advantages:
+        if shuffle is None:
+            raise ValueError("grpo.shuffle_advantages needs a generator for the permutation")
+        advantages = advantages[torch.randperm(len(advantages), generator=shuffle).to(advantages.device)]
+    return advantages
+
+
+@dataclass(frozen=True)
+class GRPOObjective:
+    """The loss of the trained steps of a rollout. loss: the clipped per-step objective.
+    trained_steps: sampling-step indices that receive gradients. guidance: the CFG scale the
+    rollout was sampled with (the loss re-evaluates the same guided velocity)."""
+
+    loss: GRPOLoss
+    trained_steps: tuple[int, ...]
+    guidance: float = 1.0
+
+    @classmethod
+    def from_config(cls, grpo: GRPOConfig, num_steps: int, guidance: float) -> "GRPOObjective":
+        return cls(loss=grpo.loss, trained_steps=tuple(grpo.trained_steps(num_steps)), guidance=guidance)
+
+    def velocity_fn(self, policy: nn.Module, rollout: Rollout, idx: torch.Tensor) -> VelocityFn:
+        """(x, s) -> guided v for micro-batch `idx` of the rollout's prompts."""
+        return guided_velocity_fn(policy, index_cond(rollout.cond, idx), rollout.null_cond, self.guidance)
+
+    def step_loss_fn(
+        self,
+        rollout: Rollout,
+        idx: torch.Tensor,
+        advantages: torch.Tensor,
+        scale: float = 1.0,
+        record: dict[int, StepStats] | None = None,
+    ) -> StepLossFn:
+        """L_j(v) for trained step j of micro-batch `idx` (advantages: the whole batch's, (B,)),
+        times `scale`. `record` receives each step's unscaled statistics, first value kept: a
+        strategy's diagnostics re-evaluate steps it has already evaluated."""
+        x, nxt, old = rollout.states[idx], rollout.next_states[idx], rollout.log_probs[idx]
+        ref = rollout.ref_means[idx] if rollout.ref_means is not None else None
+        adv = advantages[idx]
+        levels = rollout.noise_levels.tolist()
+
+        def loss(j: int, v: torch.Tensor) -> torch.Tensor:
+            k = self.trained_steps[j]
+            value, stats = self.loss(
+                v, x[:, k], nxt[:, k], levels[k], levels[k + 1], old[:, k], adv,
+                noise_level=rollout.noise_level, s_first_below_one=rollout.s_first_below_one,
+                reduction=rollout.log_prob_reduction, ref_mean=None if ref is None else ref[:, k],
+            )
+            if record is not None:
+                record.setdefault(j, stats)
+            return value * scale
+
+        return loss
+
+    def backward(
+        self,
+        strategy: GradientStrategy,
+        policy: nn.Module,
+        rollout: Rollout,
+        advantages: torch.Tensor,
+        idx: torch.Tensor,
+        *,
+        scale: float = 1.0,
+        on_policy: bool = True,
+        params: Sequence[nn.Parameter] | None = None,
+    ) -> tuple[dict, list[StepStats]]:
+        """The gradient phase of micro-batch `idx`: accumulate `strategy`'s gradient of
+        scale * mean over trained steps of L_k into .grad. Returns the strategy's stats and
+        the per-step loss statistics (one per trained step)."""
+        levels = rollout.noise_levels.tolist()
+        steps = self.trained_steps
+        record: dict[int, StepStats] = {}
+        stats = strategy(
+            self.velocity_fn(policy, rollout, idx),
+            [rollout.states[idx, k] for k in steps],
+            [levels[k] for k in steps],
+            self.step_loss_fn(rollout, idx, advantages, scale / len(steps), record),
+            velocities=[rollout.velocities[idx, k] for k in steps],
+            on_policy=on_policy,
+            params=params,
+        )
+        return stats, [record[j] for j in sorted(record)]
