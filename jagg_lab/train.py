@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import hydra
@@ -24,33 +23,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from jagg_lab.checkpointing import AtomicCheckpointIO
 from jagg_lab.module import GRPOModule
+from jagg_lab.rundir import ConfigError, check_fresh_run_dir, run_logger
 
 log = logging.getLogger(__name__)
-
-_RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration, reported before any work starts."""
-
-
-def check_fresh_run_dir(run_dir: Path) -> None:
-    taken = [name for name in _RUN_MARKERS if (run_dir / name).exists()]
-    if taken:
-        raise ConfigError(f"run directory {run_dir} already holds a run ({', '.join(taken)}); choose another hydra.run.dir")
-
-
-def run_logger(run_dir: Path, flush_logs_every_n_steps: int) -> CSVLogger:
-    """A CSV logger writing RUN_DIR/metrics.csv. The caller has checked that RUN_DIR holds no earlier
-    run, so Lightning's warning that the (Hydra-made) directory "will be deleted" is false and muted."""
-    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-    return CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=flush_logs_every_n_steps)
 
 
 def read_checkpoint(path: str) -> dict:
@@ -141,7 +121,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     return module, data, trainer
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

@@ -15,7 +15,7 @@ from jagg_lab.sampling import SDESampler
 from jagg_lab.strategies import FullStrategy
 from jagg_lab.strategies.core import flat_grad as core_flat_grad
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jagg_lab", "conf")
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
