@@ -60,7 +60,10 @@ class JaggRoutedStrategy(JaggStrategy):
     """Threshold mode (cos_threshold) or target mode (jagg_frac); set exactly one.
 
     aggregate: how per-sample scores make the micro-batch's window score ("mean" or "min").
-    Logs the realised `jagg_frac` and, per noise region, the mean score and routed share.
+    Only windows of 3 or more steps are routed (on shorter ones JAGG is exact and saves no
+    backward item; they always take the joint pass). Logs the realised `jagg_frac` (the share
+    of those windows that went through JAGG), `backward_items_saved` against `full`, and, per
+    noise region, the mean score and routed share.
     """
 
     def __init__(
@@ -85,23 +88,29 @@ class JaggRoutedStrategy(JaggStrategy):
             raise ValueError("jagg_routed scores windows from the rollout's cached velocities; pass velocities=")
         mode, fallbacks = effective_mode(self.mode, on_policy)
         windows = self.windows(len(states))
-        per_sample = [window_scores(velocities, steps) for steps in windows]
+        # Only windows of 3 or more steps are a choice: on shorter ones JAGG is exact and saves nothing.
+        choices = [i for i, steps in enumerate(windows) if len(steps) >= 3]
+        per_sample = [window_scores(velocities, windows[i]) for i in choices]
         scores = [(s.mean() if self.aggregate == "mean" else s.min()).item() for s in per_sample]
-        routed = route_windows(scores, cos_threshold=self.cos_threshold, jagg_frac=self.jagg_frac)
+        routed = set(i for i, use in zip(choices, route_windows(scores, cos_threshold=self.cos_threshold,
+                                                                jagg_frac=self.jagg_frac)) if use)
         stats = BackwardStats()
-        for steps, use_jagg in zip(windows, routed):
-            if use_jagg:
+        for i, steps in enumerate(windows):
+            if i in routed or i not in choices:
                 stats.add(jagg_window_backward(velocity_fn, states, noise_levels, step_loss_fn, steps, velocities=velocities, mode=mode))
             else:
                 stats.windows += 1
                 for k in steps:
                     stats.add(full_step_backward(velocity_fn, states[k], float(noise_levels[k]), k, step_loss_fn))
+        stats.jagg_windows = len(routed)
         out = stats.as_dict()
-        out["fallbacks"] = fallbacks if any(routed) else 0
-        out["jagg_frac"] = sum(routed) / len(routed)
+        out["fallbacks"] = fallbacks if routed else 0
+        out["jagg_frac"] = len(routed) / len(choices) if choices else 0.0
+        out["backward_items_saved"] = len(states) - stats.backward_items
         for name, lo, hi in NOISE_REGIONS:
-            members = [i for i, steps in enumerate(windows) if lo <= sum(float(noise_levels[k]) for k in steps) / len(steps) < hi]
+            members = [j for j, i in enumerate(choices)
+                       if lo <= sum(float(noise_levels[k]) for k in windows[i]) / len(windows[i]) < hi]
             if members:
-                out[f"route_score_{name}"] = sum(scores[i] for i in members) / len(members)
-                out[f"jagg_frac_{name}"] = sum(routed[i] for i in members) / len(members)
+                out[f"route_score_{name}"] = sum(scores[j] for j in members) / len(members)
+                out[f"jagg_frac_{name}"] = sum(choices[j] in routed for j in members) / len(members)
         return out

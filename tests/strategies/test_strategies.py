@@ -203,8 +203,13 @@ def test_routing_thresholds_reduce_to_jagg_and_full(real):
 
 def test_routing_target_fraction_is_respected(real):
     module, rollout, advantages, _, _ = real
-    _, stats = strategy_gradient(module, JaggRoutedStrategy(window=2, jagg_frac=0.5), rollout, advantages)
+    # windows [0..2], [3..5], [6, 7]: two that JAGG approximates; the 2-step one is exact either way
+    _, stats = strategy_gradient(module, JaggRoutedStrategy(window=3, jagg_frac=0.5), rollout, advantages)
     assert stats["jagg_frac"] == 0.5
+    assert stats["backward_items"] == 2 + 3 + 2 and stats["backward_items_saved"] == 1
+    # 2-step windows are no routing choice: nothing is approximated, nothing saved
+    _, stats = strategy_gradient(module, JaggRoutedStrategy(window=2, cos_threshold=-1.0), rollout, advantages)
+    assert stats["jagg_frac"] == 0.0 and stats["backward_items_saved"] == 0
     assert route_windows([0.2, 0.9, 0.5, 0.99], cos_threshold=None, jagg_frac=0.5) == [False, True, False, True]
     assert route_windows([0.2, 0.9], cos_threshold=0.5, jagg_frac=None) == [False, True]
 
