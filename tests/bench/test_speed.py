@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from jagg_lab import bench
+from jagg_lab.bench.__main__ import main
+from jagg_lab.bench.speed import parse_args, peak_memory_mib
 from jagg_lab.policies import DiTPolicy
 from jagg_lab.strategies import partition_windows
 
@@ -16,7 +17,7 @@ TRAINED = 8  # num_steps=8, train_fraction=1.0
 @pytest.fixture(scope="module")
 def speed(tmp_path_factory):
     out = tmp_path_factory.mktemp("speed")  # exists and is empty: accepted
-    assert bench.main(["speed", *TINY, f"out={out}"]) == 0
+    assert main(["speed", *TINY, f"out={out}"]) == 0
     report = json.loads((out / "speed.json").read_text())
     return out, report, {(r["strategy"], r["window"]): r for r in report["rows"]}
 
@@ -69,12 +70,12 @@ def test_peak_memory_counts_live_tensors_above_the_start():
         c = torch.ones(3 << 20)  # 12 MiB: 16 MiB live at the peak
         del b, c
 
-    assert bench._peak_memory_mib(allocate, "cpu") == pytest.approx(16.0, abs=0.5)
+    assert peak_memory_mib(allocate, "cpu") == pytest.approx(16.0, abs=0.5)
 
 
 def test_speed_refuses_a_non_empty_out_dir(tmp_path, capsys):
     (tmp_path / "old.txt").write_text("keep me")
-    assert bench.main(["speed", *TINY, f"out={tmp_path}"]) == 2
+    assert main(["speed", *TINY, f"out={tmp_path}"]) == 2
     assert str(tmp_path) in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["old.txt"]
 
@@ -82,15 +83,15 @@ def test_speed_refuses_a_non_empty_out_dir(tmp_path, capsys):
 @pytest.mark.parametrize("arg, key", [("bogus=1", "bogus"), ("sizes=[XL]", "sizes"), ("resolutions=[18]", "resolutions"),
                                       ("scale=huge", "scale"), ("repeats=0", "repeats"), ("dtype=fp8", "dtype")])
 def test_speed_names_the_bad_key(tmp_path, capsys, arg, key):
-    assert bench.main(["speed", f"out={tmp_path / 'new'}", arg]) == 2
+    assert main(["speed", f"out={tmp_path / 'new'}", arg]) == 2
     assert key in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
 
 
 def test_scale_paper_adds_sizes_resolutions_and_yields_to_the_command_line(tmp_path):
-    _, cpu = bench.parse_args(["speed", f"out={tmp_path}"])
+    cpu = parse_args([f"out={tmp_path}"])
     assert cpu.sizes == ["XS", "S"] and cpu.resolutions == [16, 32]
-    _, paper = bench.parse_args(["speed", "scale=paper", "repeats=2", f"out={tmp_path}"])
+    paper = parse_args(["scale=paper", "repeats=2", f"out={tmp_path}"])
     assert paper.sizes == ["XS", "S", "B"] and paper.resolutions == [16, 32, 64]
     assert paper.repeats == 2 and paper.prompts * paper.group_size > cpu.prompts * cpu.group_size
     for resolution in paper.resolutions:  # the DiT's patch size fits every resolution of the table

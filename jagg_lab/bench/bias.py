@@ -1,0 +1,228 @@
+"""`bench bias`: is a gradient strategy's estimate biased, and how much variance does it add?
+
+    python -m jagg_lab.bench bias out=FILE.json [n_rollouts=64] ["strategies=[jagg,jagg_cv]"] ...
+
+In GRPO one rollout's gradient is roughly ten times larger than its mean over rollouts, so
+a per-rollout cosine to `full` says little: what matters is whether an estimator's error
+averages out. For each of N independent rollouts of the training setting (the training
+config, composed as `python -m jagg_lab.train` composes it), every strategy's gradient g
+and `full`'s f are computed on the same rollout, d = g - f, and the errors are summarised
+over rollouts (`jagg_lab.strategies.bias`): z = |mean d|^2 / (tr Cov(d) / N) is about 1
+without bias and grows with N when there is one; the mean errors of odd and even rollouts
+point the same way when the error is systematic.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from hydra.utils import instantiate
+from omegaconf.errors import OmegaConfBaseException
+
+from jagg_lab import cli
+from jagg_lab.bench.common import check_device, machine
+from jagg_lab.grpo import GRPOObjective
+from jagg_lab.module import GRPOModule
+from jagg_lab.rewards.base import check_scores
+from jagg_lab.strategies import (
+    FullStrategy,
+    GradientStrategy,
+    JaggCVStrategy,
+    JaggKnotsStrategy,
+    JaggRoutedStrategy,
+    JaggStrategy,
+    SubsampleStrategy,
+)
+from jagg_lab.strategies.bias import ErrorSums, bias_summary
+from jagg_lab.strategies.core import flat_grad
+
+__all__ = ["BiasArgs", "ESTIMATORS", "bench_bias", "main"]
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+# name -> (window, seed) -> strategy; every estimator is compared with `full` on the same rollout
+ESTIMATORS: dict[str, Callable[[int, int], GradientStrategy]] = {
+    "jagg": lambda w, seed: JaggStrategy(window=w, mode="cached"),
+    "subsample": lambda w, seed: SubsampleStrategy(window=w, per_window=2, choice="random", seed=seed),
+    "subsample3": lambda w, seed: SubsampleStrategy(window=w, per_window=3, choice="random", seed=seed),
+    "jagg_cv": lambda w, seed: JaggCVStrategy(window=w, seed=seed),
+    "jagg_cv_p50": lambda w, seed: JaggCVStrategy(window=w, correct_prob=0.5, seed=seed),
+    "jagg_cv_bend": lambda w, seed: JaggCVStrategy(window=w, proposal="bend", seed=seed),
+    "jagg_knots": lambda w, seed: JaggKnotsStrategy(knot_spacing=w - 1),
+    "jagg_routed": lambda w, seed: JaggRoutedStrategy(window=w, cos_threshold=0.5),
+}
+
+
+# work counts a strategy reports, per rollout (jagg_frac: the routed share of approximated windows)
+COUNTED = ("backward_passes", "backward_items", "nograd_forwards", "corrected_windows", "jagg_frac")
+
+
+@dataclass
+class BiasArgs:
+    """Bias and added variance of gradient strategies against `full`, over independent rollouts
+    of a training setting (see `python -m jagg_lab.bench bias`'s module docstring)."""
+
+    out: str | None = None  # a new JSON file for the report (None: print only)
+    experiment: str = "jagg_w4"  # the training setting the rollouts come from (+experiment=...)
+    overrides: list[str] = field(default_factory=list)  # more training-config overrides, e.g. [sampler.noise_level=0.3]
+    strategies: list[str] = field(default_factory=lambda: ["jagg", "subsample", "jagg_cv", "jagg_cv_p50"])
+    windows: list[int] = field(default_factory=lambda: [4])  # W of every windowed estimator
+    n_rollouts: int = 64  # N independent rollouts (the prompt stream's first N batches)
+    seed: int = 0  # training seed: prompt stream, rollout noise, the estimators' draws
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.strategies if s not in ESTIMATORS]
+        if not self.strategies or unknown:
+            raise ValueError(f"strategies: unknown {unknown}; choose from {sorted(ESTIMATORS)}")
+        if not self.windows or any(w < 2 for w in self.windows):
+            raise ValueError(f"windows must all be >= 2, got {self.windows}")
+        if self.n_rollouts < 4:
+            raise ValueError(f"n_rollouts must be >= 4 (odd and even halves), got {self.n_rollouts}")
+        check_device(self.device)
+        if self.out is not None and Path(self.out).exists():
+            raise ValueError(f"out: {self.out} already exists; choose a new file")
+
+
+def _setting(args: BiasArgs):
+    """The training setting, composed and checked as `jagg_lab.train` does; a bad override
+    raises ValueError naming it, before the policy is built."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=[f"+experiment={args.experiment}", f"seed={args.seed}", *args.overrides])
+        sampler, grpo, data = instantiate(cfg.sampler), instantiate(cfg.grpo), instantiate(cfg.data)
+        grpo.check_batch(data.samples_per_step)
+        grpo.trained_steps(sampler.num_steps)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        raise ValueError(f"experiment/overrides: {getattr(err, '__cause__', None) or err}") from None
+    torch.manual_seed(args.seed)
+    module = GRPOModule(policy=instantiate(cfg.policy), sampler=sampler, reward=instantiate(cfg.reward),
+                        strategy=FullStrategy(), grpo=grpo, optimizer=lambda params: None,
+                        group_size=data.group_size, seed=args.seed, sample_every=0).to(args.device)
+    return cfg, module, data
+
+
+def _gradient(objective: GRPOObjective, strategy: GradientStrategy, module: GRPOModule, rollout, advantages,
+              micro_batch_size: int) -> tuple[torch.Tensor, dict, float]:
+    """The gradient a training step accumulates over its micro-batches, from zero; the work
+    counts summed over micro-batches (the routed share averaged); the seconds it took."""
+    params = module.trainable_parameters()
+    module.policy.zero_grad(set_to_none=True)
+    total, totals = len(advantages), {}
+    parts = torch.arange(total, device=advantages.device).split(micro_batch_size)
+    start = time.perf_counter()
+    for idx in parts:
+        stats, _ = objective.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total)
+        for key in COUNTED:
+            if key in stats:
+                totals[key] = totals.get(key, 0) + stats[key] / (len(parts) if key == "jagg_frac" else 1)
+    seconds = time.perf_counter() - start
+    grad = flat_grad(params).detach().clone()
+    module.policy.zero_grad(set_to_none=True)
+    return grad, totals, seconds
+
+
+def command_line(args: BiasArgs) -> str:
+    """The command that reproduces a report: the arguments that differ from the defaults."""
+    given = []
+    for f in fields(BiasArgs):
+        value, default = getattr(args, f.name), f.default if f.default is not MISSING else f.default_factory()
+        if value != default:
+            text = "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
+            given.append(f'"{f.name}={text}"' if isinstance(value, list) else f"{f.name}={text}")
+    return " ".join(["python -m jagg_lab.bench bias", *given])
+
+
+def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: None, setting=None) -> dict:
+    cfg, module, data = setting or _setting(args)
+    objective = module.objective
+    module.policy.train()
+    names = [(name, w) for name in args.strategies for w in args.windows]
+    estimators = {(name, w): ESTIMATORS[name](w, args.seed) for name, w in names}
+    sums = {key: ErrorSums() for key in estimators}
+    work = {key: {} for key in [("full", 1), *estimators]}
+    seconds = {key: 0.0 for key in work}
+
+    def count(key, stats):
+        for name, value in stats.items():
+            work[key][name] = work[key].get(name, 0) + value / args.n_rollouts
+    stream = iter(data.train_dataloader())
+    start = time.perf_counter()
+    for i in range(args.n_rollouts):
+        batch = next(stream)
+        prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
+        metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
+        module.rollouts_done = i
+        module.policy.eval()
+        rollout = module.make_rollout(prompts, torch.Generator().manual_seed(args.seed * 1_000_003 + i))
+        scores = module.reward(module.policy.decode(rollout.final), prompts, metadata)
+        rewards = check_scores(scores, len(prompts), module.reward.name).float().to(args.device)
+        group_ids = torch.arange(len(batch["prompts"]), device=args.device).repeat_interleave(data.group_size)
+        advantages = module.advantages(rewards, group_ids)
+        module.policy.train()
+        f, stats, t = _gradient(objective, FullStrategy(), module, rollout, advantages, module.grpo.micro_batch_size)
+        count(("full", 1), stats)
+        seconds[("full", 1)] += t
+        for key, strategy in estimators.items():
+            g, stats, t = _gradient(objective, strategy, module, rollout, advantages, module.grpo.micro_batch_size)
+            sums[key].add(g, f)
+            count(key, stats)
+            seconds[key] += t
+        progress(f"rollout {i + 1}/{args.n_rollouts}, {time.perf_counter() - start:.0f} s")
+    rows = []
+    for key in work:
+        rows.append({"strategy": key[0], "window": key[1], **{f"{name}_per_rollout": v for name, v in work[key].items()},
+                     "gradient_s_per_rollout": seconds[key] / args.n_rollouts,
+                     **(bias_summary(sums[key]) if key in sums else {})})
+    return {
+        "command": command_line(args),
+        "args": asdict(args),
+        "setting": {"sampler": dict(cfg.sampler), "grpo_train_fraction": cfg.grpo.train_fraction,
+                    "trained_steps": list(objective.trained_steps), "samples_per_rollout": data.samples_per_step,
+                    "policy": dict(cfg.policy)},
+        "machine": machine(args.device),
+        "wall_s": time.perf_counter() - start,
+        "no_bias_z": 1.0,
+        "rows": rows,
+    }
+
+
+COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("backward_items_per_rollout", "backward items", "{:.1f}"),
+           ("jagg_frac_per_rollout", "routed share", "{:.2f}"),
+           ("per_rollout_cosine", "per-rollout cos(g, f)", "{:.3f}"), ("z", "z (no bias: ~1)", "{:.2f}"),
+           ("halves_cosine", "cos(odd, even mean d)", "{:.2f}"), ("bias_over_mean_full", "|mean d| / |mean f|", "{:.2f}"),
+           ("mean_cosine", "cos(mean g, mean f)", "{:.2f}"), ("rel_error", "per-rollout error / noise of f", "{:.2f}")]
+
+
+def table(report: dict) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in report["rows"]:
+        lines.append("| " + " | ".join(fmt.format(row[key]) if key in row else "-" for key, _, fmt in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def _main(args: BiasArgs) -> int:
+    try:
+        setting = _setting(args)
+    except ValueError as err:
+        sys.stderr.write(f"bias: {err}\n")
+        return 2
+    report = bench_bias(args, progress=lambda line: sys.stderr.write(line + "\n"), setting=setting)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    z_full = report["rows"][1]["z_full"] if len(report["rows"]) > 1 else float("nan")
+    sys.stdout.write(f"{args.n_rollouts} rollouts in {report['wall_s']:.0f} s; z of the mean full gradient itself: {z_full:.2f}\n")
+    sys.stdout.write(table(report) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, BiasArgs, "python -m jagg_lab.bench bias", argv)

@@ -1,0 +1,151 @@
+"""What every benchmark shares: a module assembled as training does, one rollout's
+advantages, the timed gradient phase, the machine it ran on, and checks of the settings.
+
+The gradient phase is `GRPOObjective.backward`, the call a training step makes after its
+rollout, so a benchmark times exactly the training code with the strategy passed in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from jagg_lab.grpo import GRPOConfig, rollout_advantages
+from jagg_lab.module import GRPOModule
+from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTConfig, DiTPolicy, fill_zero_init_
+from jagg_lab.rewards.base import Reward, check_scores
+from jagg_lab.sampling import SDESampler
+from jagg_lab.strategies import FullStrategy, GradientStrategy
+from jagg_lab.types import Rollout
+from jagg_lab.worlds.shapes import sample_prompt
+
+__all__ = [
+    "dit_policy", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
+    "check_device", "check_minimum", "check_resolution", "check_sampling",
+]
+
+
+# ---- the module and its rollout ---------------------------------------------------------
+def dit_policy(size: str, resolution: int, checkpoint: str | None, seed: int) -> tuple[nn.Module, str]:
+    """The shapes DiT and where its weights came from. "shipped" falls back to random weights
+    where the file is absent or made for another size / resolution; random weights get their
+    zero-init layers filled (else the gradients of most strategies would coincide)."""
+    if checkpoint == "shipped" and not _shipped_fits(size, resolution):
+        checkpoint = None
+    torch.manual_seed(seed)
+    policy = DiTPolicy(size=size, resolution=resolution, checkpoint=checkpoint)
+    if checkpoint is None:
+        return fill_zero_init_(policy, seed), "random (zero-init layers filled)"
+    return policy, str(SHIPPED_CHECKPOINT if checkpoint == "shipped" else checkpoint)
+
+
+def _shipped_fits(size: str, resolution: int) -> bool:
+    if not SHIPPED_CHECKPOINT.is_file():
+        return False
+    with safe_open(str(SHIPPED_CHECKPOINT), framework="pt") as f:
+        meta = f.metadata() or {}
+    return meta.get("size") == size and json.loads(meta.get("config", "{}")).get("resolution") == resolution
+
+
+def grpo_module(policy: nn.Module, reward: Reward, *, num_steps: int, shift: float, guidance: float,
+                train_fraction: float, group_size: int, seed: int, device: str) -> GRPOModule:
+    """A module assembled as training does. Its own strategy (full) is never used here: the
+    benchmarks pass each strategy to `gradient_phase`."""
+    return GRPOModule(
+        policy=policy.to(device),
+        sampler=SDESampler(num_steps=num_steps, shift=shift, guidance=guidance),
+        reward=reward,
+        strategy=FullStrategy(),
+        grpo=GRPOConfig(train_fraction=train_fraction),
+        optimizer=lambda params: torch.optim.AdamW(params),
+        group_size=group_size,
+        seed=seed,
+        sample_every=0,
+    ).to(device)
+
+
+def grouped_prompts(prompts: int, group_size: int, seed: int) -> list[str]:
+    """`prompts` training prompts, each repeated `group_size` times (one GRPO group each)."""
+    rng = np.random.default_rng(seed)
+    return [p for p in (sample_prompt(rng, "train") for _ in range(prompts)) for _ in range(group_size)]
+
+
+def advantages(module: GRPOModule, rollout: Rollout, prompts: list[str], seed: int) -> torch.Tensor:
+    """Reward -> group advantages, as a training step computes them, (B,)."""
+    images = module.policy.decode(rollout.final)
+    rewards = check_scores(module.reward(images, prompts, [{}] * len(prompts)), len(prompts), module.reward.name)
+    device = rollout.final.device
+    group_ids = torch.arange(len(prompts) // module.group_size, device=device).repeat_interleave(module.group_size)
+    adv = rollout_advantages(rewards.to(device), group_ids, module.grpo)
+    if torch.all(adv == 0):  # a constant reward gives no signal to compare gradients on
+        adv = torch.randn(len(prompts), generator=torch.Generator().manual_seed(seed)).to(device)
+    return adv
+
+
+# ---- the timed gradient phase --------------------------------------------------------------
+def sync(device: str) -> None:
+    """Wait for queued GPU work, so a wall-clock time covers it."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Rollout, advantages: torch.Tensor,
+                   device: str) -> tuple[float, dict]:
+    """What a training step runs after its rollout, on the whole batch as one on-policy
+    micro-batch, from zeroed gradients (left in .grad). Returns (seconds, the strategy's stats)."""
+    module.policy.train()
+    module.policy.zero_grad(set_to_none=True)
+    idx = torch.arange(rollout.final.shape[0], device=rollout.final.device)
+    params = module.trainable_parameters()
+    sync(device)
+    start = time.perf_counter()
+    stats, _ = module.objective.backward(strategy, module.policy, rollout, advantages, idx, scale=1.0,
+                                         on_policy=True, params=params)
+    sync(device)
+    return time.perf_counter() - start, stats
+
+
+def machine(device: str) -> dict:
+    """What a reader needs to place a timing: the device, the CPU and the software."""
+    cuda = device.startswith("cuda")
+    return {
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "python": platform.python_version(),
+    }
+
+
+# ---- checks of the settings, each naming the benchmark's own key ---------------------------
+def check_device(device: str) -> None:
+    if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
+        raise ValueError(f"device must be 'cpu' or an available 'cuda[:N]', got {device!r}")
+
+
+def check_minimum(args: object, minimums: dict[str, int]) -> None:
+    """Each named field of `args` (an int, or a list of ints) is at least its minimum."""
+    for key, low in minimums.items():
+        value = getattr(args, key)
+        if any(v < low for v in (value if isinstance(value, list) else [value])):
+            raise ValueError(f"{key} must {'all ' if isinstance(value, list) else ''}be >= {low}, got {value}")
+
+
+def check_resolution(key: str, resolution: int) -> None:
+    try:
+        DiTConfig(vocab_size=1, max_text_length=1, resolution=resolution)
+    except ValueError as err:
+        raise ValueError(f"{key}: {resolution} does not fit the DiT: {err}") from None
+
+
+def check_sampling(num_steps: int, shift: float, guidance: float, train_fraction: float = 1.0) -> None:
+    try:
+        SDESampler(num_steps=num_steps, shift=shift, guidance=guidance)
+        GRPOConfig(train_fraction=train_fraction)
+    except ValueError as err:  # their messages name sampler.<key> / grpo.<key>
+        raise ValueError(str(err).replace("sampler.", "").replace("grpo.", "")) from None

@@ -1,0 +1,49 @@
+"""`python -m jagg_lab.bench bias` on a tiny setting: every row has its columns; bad input is
+refused before any model is built."""
+import json
+
+import pytest
+
+from jagg_lab.bench import bias
+from jagg_lab.bench.__main__ import main
+
+TINY = ["policy=dit_xs", "policy.checkpoint=null", "data.prompts_per_step=1", "data.group_size=4",
+        "grpo.micro_batch_size=2", "sampler.num_steps=6", "grpo.train_fraction=1.0"]
+
+
+def test_bias_report_has_every_column(tmp_path):
+    out = tmp_path / "bias.json"
+    code = main(["bias", f"out={out}", "n_rollouts=4", "strategies=[jagg,jagg_cv,jagg_routed]", "windows=[3]",
+                 f"overrides=[{','.join(TINY)}]"])
+    assert code == 0
+    report = json.loads(out.read_text())
+    rows = {row["strategy"]: row for row in report["rows"]}
+    assert set(rows) == {"full", "jagg", "jagg_cv", "jagg_routed"}
+    assert rows["full"]["backward_items_per_rollout"] == 6 * 2  # 6 steps, 2 micro-batches
+    assert rows["jagg"]["backward_items_per_rollout"] == 4 * 2  # windows [0..2], [3..5]
+    assert rows["jagg_cv"]["backward_items_per_rollout"] == 6 * 2
+    assert 0 <= rows["jagg_routed"]["jagg_frac_per_rollout"] <= 1
+    for name in ("jagg", "jagg_cv", "jagg_routed"):
+        assert all(key in rows[name] for key in ("z", "halves_cosine", "bias_over_mean_full", "mean_cosine", "rel_error"))
+    assert report["command"].startswith("python -m jagg_lab.bench bias") and "n_rollouts=4" in report["command"]
+    assert report["no_bias_z"] == 1.0 and report["rows"][0]["window"] == 1
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["strategies=[jagg,nope]"], "strategies"),
+    (["windows=[1]"], "windows"),
+    (["n_rollouts=2"], "n_rollouts"),
+    (["overrides=[sampler.noise_level=-1]"], "noise_level"),
+    (["overrides=[grpo.micro_batch_size=7]"], "micro_batch_size"),
+])
+def test_bad_input_is_refused_before_any_model_is_built(argv, key, capsys, monkeypatch):
+    monkeypatch.setattr(bias, "GRPOModule", lambda *a, **k: pytest.fail("a model was built"))
+    assert main(["bias", *argv]) == 2
+    assert key in capsys.readouterr().err
+
+
+def test_existing_output_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "bias.json"
+    out.write_text("{}")
+    assert main(["bias", f"out={out}"]) == 2
+    assert "out" in capsys.readouterr().err and out.read_text() == "{}"
