@@ -22,7 +22,7 @@ Columns of runs.csv:
 - `steps`: optimizer steps logged; `reward_first`: reward_mean of the first step;
   `reward_final`: mean reward_mean over the last 20% of the steps (`tail_frac`);
   `reward_strict_final`: the same for the strict reward;
-- `time_s`: total training time (rollout + reward + gradient, see jagg_lab/runs.py for how
+- `time_s`: total training time (rollout + reward + gradient, see jagg_lab/evaluation/runs.py for how
   diagnostic steps are corrected); `time_per_step_s` and `time_rollout_s`,
   `time_reward_s`, `time_gradient_s`: their means per optimizer step;
 - `backward_passes`, `backward_items`: means per optimizer step; `grad_cosine`,
@@ -47,10 +47,8 @@ matplotlib.use("Agg")  # files only: runs headless
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from jagg_lab.runs import (  # noqa: E402
+from jagg_lab import cli  # noqa: E402
+from jagg_lab.evaluation.runs import (  # noqa: E402
     ROUTING_REGIONS, TIME_COLUMNS, Run, aggregate, load_runs, markdown_table, mean_std_table, runs_table,
 )
 
@@ -65,9 +63,9 @@ GROUP_COLUMNS = (
 
 @dataclass
 class Args:
-    runs: str = "outputs/multirun"
+    runs: str = "outputs/multirun"  # a directory holding jagg_lab.train runs at any depth
     out: str | None = None  # default RUNS/collated
-    tail_frac: float = 0.2
+    tail_frac: float = 0.2  # share of the last steps that reward_final averages
 
 
 def smoothed_reward(run: Run, frac: float = 0.1) -> pd.Series:
@@ -177,11 +175,10 @@ def collate(
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Args), OmegaConf.from_cli(argv if argv is not None else sys.argv[1:])))
-    except OmegaConfBaseException as err:
-        sys.stderr.write(f"collate: {err}\n")
-        return 2
+    return cli.run(_main, Args, "python experiments/collate.py", argv, description=__doc__)
+
+
+def _main(args: Args) -> int:
     root = Path(args.runs)
     out = Path(args.out) if args.out else root / "collated"
     runs = load_runs(root)

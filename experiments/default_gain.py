@@ -26,19 +26,20 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from jagg_lab.evaluate import paired_gain
+from jagg_lab import cli
+from jagg_lab.evaluation import paired_gain
 
 
 @dataclass
 class Args:
     experiments: list[str] = field(default_factory=lambda: ["jagg_w4", "full"])
     seeds: list[int] = field(default_factory=lambda: [0])
-    control: bool = True
+    control: bool = True  # also train the first experiment with shuffled advantages
     minutes: float = 15.0  # wall-clock cap per training run
     max_steps: int | None = None  # null: the experiment's own trainer.max_steps
-    n_eval: int = 512
+    n_eval: int = 512  # held-out evaluation samples per policy
     eval_seed: int = 1
-    out: str = "outputs/gain"
+    out: str = "outputs/gain"  # never overwritten
     overrides: list[str] = field(default_factory=list)  # extra training overrides, e.g. ["optimizer.lr=1e-4"]
 
 
@@ -60,8 +61,11 @@ def arms(args: Args) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def main() -> None:
-    args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Args), OmegaConf.from_cli(sys.argv[1:])))
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(compare_arms, Args, "python experiments/default_gain.py", argv, description=__doc__)
+
+
+def compare_arms(args: Args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier comparison
     h, m = divmod(int(args.minutes * 60), 3600)
@@ -132,4 +136,4 @@ def _table(rows: list[dict]) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

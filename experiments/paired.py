@@ -6,8 +6,9 @@ Prints, for each evaluation, its scores and its gain over the reference with the
 of the paired per-sample difference (overall, then per prompt category), then the same for
 their mean (per-sample scores averaged over the evaluations, e.g. over the training seeds of
 one experiment). The evaluations must
-share every evaluate setting but `checkpoint`, `size`, `out` and `grid`; anything else is an
-error that names the differing keys. `out` (never overwritten) gets the rows as JSON.
+share every evaluate setting but those naming the policy or the outputs (`checkpoint`, `size`,
+`run`, `device`, `out`, `grid`: jagg_lab.evaluation.PAIRING_FREE); anything else is an error
+that names the differing keys. `out` (never overwritten) gets the rows as JSON.
 """
 from __future__ import annotations
 
@@ -17,17 +18,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from jagg_lab.evaluate import paired_gain
+from jagg_lab import cli
+from jagg_lab.evaluation import paired_gain
 
 
 @dataclass
 class Args:
-    reference: str = "???"
-    evaluations: list[str] = field(default_factory=list)
-    out: str | None = None
+    reference: str = "???"  # the evaluation the others are compared with (e.g. the base policy's)
+    evaluations: list[str] = field(default_factory=list)  # evaluations of the same prompts and noise
+    out: str | None = None  # JSON file for the rows (never overwritten)
 
 
 def load(path: str) -> dict:
@@ -66,11 +65,10 @@ def compare(args: Args) -> tuple[int, list[dict]]:
     return len(reference["per_sample"]["strict"]), rows
 
 
-def main(argv: list[str]) -> int:
+def report(args: Args) -> int:
     try:
-        args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Args), OmegaConf.from_cli(argv)))
         n, rows = compare(args)
-    except (OmegaConfBaseException, ValueError, OSError) as err:
+    except (ValueError, OSError) as err:
         sys.stderr.write(f"paired.py: {err}\n")
         return 2
     lines = [f"gain over {args.reference} (n = {n}) +- the standard error of the paired per-sample difference", "",
@@ -87,5 +85,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(report, Args, "python experiments/paired.py", argv, description=__doc__)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

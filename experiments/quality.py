@@ -6,7 +6,7 @@ full gradient and the equal-budget subsample baseline?
     python experiments/quality.py scale=paper device=cuda 'overrides=[trainer.accelerator=gpu]' out=DIR   # on a GPU
     python experiments/quality.py 'experiments=[full,jagg_w4]' 'seeds=[0]' steps=5 n_eval=32 out=DIR   # any field
 
-For each experiment (conf/experiment/<name>.yaml), one `python -m jagg_lab.train --multirun`
+For each experiment (jagg_lab/conf/experiment/<name>.yaml), one `python -m jagg_lab.train --multirun`
 trains every seed for `steps` optimizer steps (OUT/runs/<experiment>/seed<s>/; the non-full
 strategies with `strategy.diagnose_every`, so metrics.csv logs `grad_cosine`). Then each
 trained policy and the base are evaluated in this process (OUT/runs/.../eval.json,
@@ -24,7 +24,7 @@ Columns (mean ± sample std over seeds; the base row is the policy before traini
   ground-truth renders of held-out prompts (`reference_seed`), on the shapes feature network;
 - `kl_to_base`: KL(trained || base) per dimension, averaged over the steps of the trained
   policy's SDE trajectories (the training sampler) on the first `n_kl` evaluation prompts
-  (jagg_lab/quality.py);
+  (jagg_lab/evaluation/kl.py);
 - `grad_cosine`: mean cosine between the strategy's gradient and the full gradient on the
   same micro-batch, every `diagnose_every`-th micro-batch (not measured for the experiment
   named `full`: 1 by definition);
@@ -48,13 +48,11 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from collate import collate  # experiments/collate.py: this script's directory is on sys.path
-from jagg_lab.metrics import reference_images
-from jagg_lab.quality import policy_quality, run_policies
-from jagg_lab.runs import aggregate, equal_time, load_run, markdown_table, mean_std_table
+from jagg_lab import cli
+from jagg_lab.evaluation import policy_quality, reference_images, run_policies
+from jagg_lab.evaluation.runs import aggregate, equal_time, load_run, markdown_table, mean_std_table
 
 log = logging.getLogger("quality")
 
@@ -100,6 +98,9 @@ class Args:
     device: str = "cpu"  # where the evaluation runs (training: overrides=[trainer.accelerator=gpu])
     out: str = "outputs/quality"
     overrides: list[str] = field(default_factory=list)  # extra training overrides, e.g. ["optimizer.lr=1e-4"]
+
+    def __post_init__(self) -> None:
+        resolve(self)  # on the command line: a bad value exits 2 before anything is trained
 
 
 def resolve(args: Args) -> Args:
@@ -177,12 +178,11 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Args), OmegaConf.from_cli(argv if argv is not None else sys.argv[1:])))
-        args = resolve(args)
-    except (OmegaConfBaseException, ValueError) as err:
-        sys.stderr.write(f"quality: {err}\n")
-        return 2
+    return cli.run(make_table, Args, "python experiments/quality.py", argv, description=__doc__)
+
+
+def make_table(args: Args) -> int:
+    """Train, evaluate and tabulate (module docstring); 2 if OUT already exists."""
     out = Path(args.out).resolve()
     try:
         out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier table

@@ -4,39 +4,57 @@ prompts) or of the verifier itself (fresh ground-truth renders).
     python -m jagg_lab.evaluate source=policy n_samples=128 seed=1 out=pol.json [checkpoint=PATH]
     python -m jagg_lab.evaluate source=ground_truth n_samples=256 seed=1 out=gt.json
     python -m jagg_lab.evaluate source=policy noise_level=0.7 num_steps=10 ...   # with GRPO's SDE sampler
+    python -m jagg_lab.evaluate source=policy run=outputs/runs/RUN ...          # any trained policy
+    python -m jagg_lab.evaluate --help
+
+The work is done by `jagg_lab.evaluation`; this module is its command line.
 """
 from __future__ import annotations
 
 import json
 import logging
-import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from torch import nn
 
-from jagg_lab.policies import DiTPolicy, guided_velocity
-from jagg_lab.sampling import noise_schedule, ode_sample, sde_rollout
-from jagg_lab.worlds.shapes import CATEGORIES, render_batch, sample_prompt, verify_batch
+from jagg_lab import cli
+from jagg_lab.evaluation import eval_prompts, find_run, load_run_policy, sample_images, score_images
+from jagg_lab.policies import DiTPolicy
+from jagg_lab.worlds.shapes import render_batch
 
-__all__ = ["EvalArgs", "eval_categories", "eval_prompts", "sample_images", "score_images", "paired_gain", "main"]
+__all__ = ["EvalArgs", "build_policy", "evaluate", "main"]
 
 log = logging.getLogger(__name__)
+
+PROG = "python -m jagg_lab.evaluate"
 
 
 @dataclass
 class EvalArgs:
+    """Verifier accuracy (strict and dense, per category and per sample) on held-out prompts.
+
+    source=policy samples a policy: by default the shapes DiT of `size` and `resolution` with
+    weights `checkpoint`; with run=DIR, the policy of a `jagg_lab.train` run instead, of any
+    class: DIR/config.yaml's `policy` node built with hydra.utils.instantiate, its trained
+    weights DIR/policy.safetensors loaded (run= may also name another weights file inside a
+    run, e.g. DIR/checkpoints/step_000050.ckpt). The output then records the weights file as
+    `checkpoint` and the run policy's `size` and `resolution`. source=ground_truth scores fresh
+    renders, which measures the verifier. Evaluations with the same n_samples, seed, split,
+    resolution and sampler settings share prompts and noise: experiments/paired.py compares
+    them sample by sample.
+    """
+
     source: str = "policy"  # policy | ground_truth
     n_samples: int = 128
-    seed: int = 1
-    out: str | None = None
+    seed: int = 1  # fixes the prompts and the noise
+    out: str | None = None  # JSON file for the result
     split: str = "heldout"
-    checkpoint: str | None = "shipped"  # "shipped", a path, or null for random init
-    size: str = "S"
+    checkpoint: str | None = "shipped"  # DiT weights: "shipped", a path, or null for random init
+    size: str | None = "S"  # DiT size (XS, S, ...)
     resolution: int = 32
     num_steps: int = 20
     guidance: float = 3.0
@@ -44,105 +62,40 @@ class EvalArgs:
     noise_level: float = 0.0  # 0: the ODE; > 0: the SDE that GRPO samples with, at this noise level
     batch_size: int = 64
     grid: str | None = None  # optional PNG grid of the first 64 samples
+    run: str | None = None  # a training run directory (or a weights file in one): its policy instead of the DiT
+    device: str = "cpu"  # where the policy samples
+
+    def __post_init__(self) -> None:
+        if self.source not in ("policy", "ground_truth"):
+            raise ValueError(f"source must be 'policy' or 'ground_truth', got {self.source!r}")
+        if self.n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
+        if self.noise_level < 0:
+            raise ValueError(f"noise_level must be >= 0 (0 = ODE), got {self.noise_level}")
 
 
-def eval_categories(n: int) -> list[str]:
-    """The category of each of `eval_prompts`' n prompts: the categories in turn, so each gets n / 6."""
-    return [CATEGORIES[i % len(CATEGORIES)] for i in range(n)]
+def build_policy(args: EvalArgs) -> tuple[nn.Module, EvalArgs]:
+    """The policy to sample, in eval mode on args.device, and the args as evaluated (with run=,
+    the weights file, size and resolution the run's policy has)."""
+    if args.run is None:
+        policy = DiTPolicy(size=args.size, resolution=args.resolution, checkpoint=args.checkpoint)
+    else:
+        run_dir, weights = find_run(args.run)
+        node = OmegaConf.load(run_dir / "config.yaml").policy
+        policy = load_run_policy(weights)
+        args = replace(args, checkpoint=str(weights), size=node.get("size"),
+                       resolution=node.get("resolution", policy.sample_shape[-1]))
+    return policy.eval().to(args.device), args
 
 
-def eval_prompts(n: int, seed: int, split: str = "heldout") -> list[str]:
-    """n prompts of the categories `eval_categories(n)`, deterministic in seed."""
-    rng = np.random.default_rng(seed)
-    return [sample_prompt(rng, split, category) for category in eval_categories(n)]
-
-
-@torch.inference_mode()
-def sample_images(
-    policy, prompts: list[str], *, seed: int, num_steps: int = 20, guidance: float = 3.0, shift: float = 1.0, batch_size: int = 64,
-    noise_level: float = 0.0,
-) -> torch.Tensor:
-    """ODE samples with classifier-free guidance, (B, 3, H, W) in [0, 1]; fixed noise per seed.
-    With `noise_level` > 0, samples of the SDE that GRPO trains with instead."""
-    generator = torch.Generator().manual_seed(seed)
-    levels = noise_schedule(num_steps, shift)
-    device = next(policy.parameters()).device
-    null_cond = policy.encode_prompts([""])
-    images = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        cond = policy.encode_prompts(chunk)
-        noise = torch.randn((len(chunk), *policy.sample_shape), generator=generator).to(device)
-        velocity_fn = lambda x, s: guided_velocity(policy, x, s, cond, null_cond, guidance)  # noqa: E731
-        if noise_level > 0:
-            x = sde_rollout(velocity_fn, noise, levels.to(device), noise_level=noise_level, cond=cond, null_cond=null_cond,
-                            generator=generator).final
-        else:
-            x = ode_sample(velocity_fn, noise, levels.to(device))
-        images.append(policy.decode(x).cpu())
-    return torch.cat(images)
-
-
-def score_images(images: torch.Tensor, prompts: list[str]) -> dict:
-    """strict_accuracy, dense_score, both per category, and per sample (in prompt order, so two
-    policies scored on the same prompts and seed can be compared sample by sample)."""
-    dense, strict, categories = verify_batch(images, prompts)
-    result = {"n_samples": len(prompts), "strict_accuracy": strict.float().mean().item(), "dense_score": dense.mean().item(),
-              "per_sample": {"strict": strict.int().tolist(), "dense": dense.tolist()}, "per_category": {}}
-    for category in CATEGORIES:
-        mask = torch.tensor([c == category for c in categories])
-        if mask.any():
-            result["per_category"][category] = {
-                "n": int(mask.sum()),
-                "strict_accuracy": strict[mask].float().mean().item(),
-                "dense_score": dense[mask].mean().item(),
-            }
-    return result
-
-
-# settings that may differ between two evaluations compared sample by sample (the rest fix the prompts and noise)
-_PAIRING_FREE = ("checkpoint", "out", "grid", "size")
-
-
-def paired_gain(result: dict, reference: dict) -> dict:
-    """Scores of an evaluation and its gain over `reference`, an evaluation of the same prompts
-    and noise, with the standard error of the paired per-sample difference (far smaller than
-    that of two independent accuracies, since both policies face the same samples); overall
-    and per category of the evaluation prompts."""
-    args, ref_args = result.get("args", {}), reference.get("args", {})
-    differ = sorted(k for k in args.keys() | ref_args.keys() if k not in _PAIRING_FREE and args.get(k) != ref_args.get(k))
-    if differ:
-        raise ValueError(f"evaluations are not on the same prompts and noise: {', '.join(f'{k} {args.get(k)!r} vs {ref_args.get(k)!r}' for k in differ)}")
-    diffs = {key: [a - b for a, b in zip(result["per_sample"][key], reference["per_sample"][key], strict=True)]
-             for key in ("strict", "dense")}
-    categories = eval_categories(len(diffs["strict"]))
-    per_category = {category: _gains({key: [d for d, c in zip(diff, categories) if c == category] for key, diff in diffs.items()})
-                    for category in dict.fromkeys(categories)}
-    return {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"], **_gains(diffs),
-            "per_category": per_category}
-
-
-def _gains(diffs: dict[str, list[float]]) -> dict[str, float]:
-    """Mean and standard error of each list of paired differences, as KEY_gain and KEY_gain_se."""
-    out = {}
-    for key, diff in diffs.items():
-        out[f"{key}_gain"] = statistics.fmean(diff)
-        out[f"{key}_gain_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
-    return out
-
-
-def run(args: EvalArgs) -> dict:
-    if args.source not in ("policy", "ground_truth"):
-        raise ValueError(f"source must be 'policy' or 'ground_truth', got {args.source!r}")
-    if args.n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {args.n_samples}")
-    if args.noise_level < 0:
-        raise ValueError(f"noise_level must be >= 0 (0 = ODE), got {args.noise_level}")
+def evaluate(args: EvalArgs) -> dict:
+    """The evaluation as written to `out`: {"args": ..., n_samples, strict_accuracy, dense_score,
+    per_sample, per_category}."""
     prompts = eval_prompts(args.n_samples, args.seed, args.split)
     if args.source == "ground_truth":
         images = render_batch(prompts, np.random.default_rng(args.seed), args.resolution)
     else:
-        policy = DiTPolicy(size=args.size, resolution=args.resolution, checkpoint=args.checkpoint).eval()
+        policy, args = build_policy(args)
         images = sample_images(policy, prompts, seed=args.seed, num_steps=args.num_steps, guidance=args.guidance, shift=args.shift,
                                batch_size=args.batch_size, noise_level=args.noise_level)
     result = {"args": asdict(args), **score_images(images, prompts)}
@@ -153,12 +106,10 @@ def run(args: EvalArgs) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def _main(args: EvalArgs) -> int:
     try:
-        args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalArgs), OmegaConf.from_cli(argv if argv is not None else sys.argv[1:])))
-        result = run(args)
-    except (OmegaConfBaseException, ValueError, FileNotFoundError) as err:
+        result = evaluate(args)
+    except (ValueError, FileNotFoundError) as err:  # a checkpoint that is missing or does not fit
         sys.stderr.write(f"jagg_lab.evaluate: {err}\n")
         return 2
     text = json.dumps(result, indent=2)
@@ -168,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     for category, r in result["per_category"].items():
         log.info("  %-14s strict=%.3f dense=%.3f", category, r["strict_accuracy"], r["dense_score"])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return cli.run(_main, EvalArgs, PROG, argv)
 
 
 if __name__ == "__main__":

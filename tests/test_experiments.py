@@ -1,7 +1,7 @@
-"""Sweeps, collation, the quality table and the KL to the base policy, on tiny settings."""
+"""Sweeps, collation and the quality table on tiny settings (the KL to the base and the run
+summaries behind them are tested in tests/evaluation/)."""
 from __future__ import annotations
 
-import copy
 import csv
 import itertools
 import json
@@ -16,13 +16,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
-from torch import nn
 
-from jagg_lab.evaluate import eval_prompts
-from jagg_lab.quality import trajectory_kl
-from jagg_lab.runs import aggregate, load_run, summarize
-from jagg_lab.sampling import noise_schedule, sde_std
-from tests.conftest import CONF_DIR, randomized_policy
+from tests.conftest import CONF_DIR
 from tests.test_train_cli import REPO, TINY
 
 SWEEPS = ("sweep_windows", "sweep_routing", "sweep_routing_frac", "sweep_resolution")
@@ -110,40 +105,6 @@ def test_launchers_compose():
     assert {"timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb"} <= set(slurm)
 
 
-# ---- run summaries ------------------------------------------------------------------
-
-def fake_run(path: Path, seed: int, window: int, rewards: list[float], gradient_s: list[float], cosines=None) -> Path:
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text(f"seed: {seed}\nstrategy:\n  window: {window}\ndata:\n  seed: {seed}\n")
-    metrics = pd.DataFrame({"step": range(1, len(rewards) + 1), "reward_mean": rewards, "time_rollout_s": 1.0,
-                            "time_reward_s": 0.0, "time_gradient_s": gradient_s})
-    if cosines is not None:
-        metrics["grad_cosine"] = cosines
-    metrics.to_csv(path / "metrics.csv", index=False)
-    return path
-
-
-def test_summaries_correct_diagnostic_time_and_cut_at_equal_time(tmp_path):
-    # Row 1 ran the gradient diagnostic (10 s instead of 2 s): counted at the median of the others.
-    run = load_run(fake_run(tmp_path / "a", 0, 4, [0.0, 0.1, 0.2, 0.3, 0.4], [10.0, 2.0, 2.0, 2.0, 2.0],
-                            cosines=[0.9, None, None, None, None]))
-    assert run.metrics["time_s"].tolist() == [3.0, 6.0, 9.0, 12.0, 15.0]
-    assert run.metrics["trained_s"].tolist() == [0.0, 3.0, 6.0, 9.0, 12.0]
-    row = summarize(run, tail_frac=0.4, at_time=6.0)
-    assert row["reward_final"] == pytest.approx(0.35)  # last 2 of 5 steps
-    assert row["reward_at_time"] == pytest.approx(0.15)  # policies trained <= 6 s: steps 1-3, the last 2 of them
-    assert row["grad_cosine"] == pytest.approx(0.9) and row["time_gradient_s"] == pytest.approx(2.0)
-
-
-def test_aggregate_gives_mean_and_sample_std_over_seeds(tmp_path):
-    runs = [load_run(fake_run(tmp_path / f"r{s}", s, 4, [r, r], [1.0, 1.0])) for s, r in ((0, 0.2), (1, 0.4), (2, 0.9))]
-    table = pd.DataFrame([{"label": "w4", **summarize(r, tail_frac=1.0)} for r in runs])
-    groups = aggregate(table, ["reward_final", "missing_column"])
-    assert groups["n_runs"].tolist() == [3] and "missing_column_mean" not in groups
-    assert groups["reward_final_mean"][0] == pytest.approx(0.5)
-    assert groups["reward_final_std"][0] == pytest.approx(pd.Series([0.2, 0.4, 0.9]).std(ddof=1))
-
-
 # ---- collation ----------------------------------------------------------------------
 
 def test_collate_turns_a_sweep_into_tables_and_plots(tiny_runs, tmp_path):
@@ -170,54 +131,6 @@ def test_collate_turns_a_sweep_into_tables_and_plots(tiny_runs, tmp_path):
 
     proc = run_cmd("experiments/collate.py", f"runs={tiny_runs}", f"out={both}", check=False)
     assert proc.returncode == 2 and "already exists" in proc.stderr
-
-
-# ---- KL to the base policy ------------------------------------------------------------
-
-class Shifted(nn.Module):
-    """base's velocity plus a constant: v = v_base + delta, guided or not."""
-
-    def __init__(self, base: nn.Module, delta: float):
-        super().__init__()
-        self.base, self.delta = base, delta
-        self.sample_shape = base.sample_shape
-
-    def encode_prompts(self, prompts):
-        return self.base.encode_prompts(prompts)
-
-    def forward(self, x, s, cond):
-        return self.base(x, s, cond) + self.delta
-
-
-KL_KWARGS = dict(noise_level=0.7, guidance=3.0, seed=5, batch_size=4)
-
-
-def test_kl_to_itself_is_zero_and_to_a_perturbed_policy_positive():
-    base = randomized_policy(seed=0).eval()
-    prompts = eval_prompts(4, seed=1)
-    levels = noise_schedule(4, shift=3.0)
-    assert trajectory_kl(base, base, prompts, levels, **KL_KWARGS).mean == 0.0
-    assert trajectory_kl(copy.deepcopy(base), base, prompts, levels, **KL_KWARGS).mean == 0.0
-    perturbed = copy.deepcopy(base)
-    with torch.no_grad():
-        for p in perturbed.dit.parameters():
-            p.add_(0.02 * torch.randn_like(p))
-    kl = trajectory_kl(perturbed, base, prompts, levels, **KL_KWARGS)
-    assert kl.mean > 0 and all(k > 0 for k in kl.per_step) and len(kl.per_step) == 4
-    assert kl.path == pytest.approx(3 * 32 * 32 * sum(kl.per_step))
-
-
-def test_kl_matches_the_closed_form_for_a_constant_velocity_shift():
-    """v - v_base = delta shifts the SDE mean by delta (1 + std_k^2 (1 - s) / (2 s)) (s' - s)."""
-    base = randomized_policy(seed=1).eval()
-    delta = 0.3
-    levels = noise_schedule(5, shift=1.0)
-    kl = trajectory_kl(Shifted(base, delta), base, eval_prompts(3, seed=2), levels, **KL_KWARGS)
-    s = levels.tolist()
-    for k, value in enumerate(kl.per_step):
-        std_k, std = sde_std(s[k], s[k + 1], KL_KWARGS["noise_level"], s[1])
-        shift = delta * (1 + std_k**2 * (1 - s[k]) / (2 * s[k])) * (s[k + 1] - s[k])
-        assert value == pytest.approx(shift**2 / (2 * std**2), rel=1e-4)
 
 
 # ---- the quality table --------------------------------------------------------------

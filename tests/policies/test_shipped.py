@@ -1,7 +1,7 @@
 """The base policy shipped in the package loads and draws what it is asked for, better than chance."""
 import torch
 
-from jagg_lab.evaluate import eval_prompts, sample_images, score_images
+from jagg_lab.evaluation import eval_prompts, sample_images, score_images
 from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTPolicy
 
 

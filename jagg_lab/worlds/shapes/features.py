@@ -1,7 +1,7 @@
 """A small feature network for FID/KID on the shapes world, trained on the world's own renders.
 
 Inception features know nothing about red triangles on a gray canvas (and their weights need a
-download), so ``jagg_lab.metrics`` measures distribution distances in the penultimate layer of
+download), so ``jagg_lab.evaluation.fid`` measures distribution distances in the penultimate layer of
 this CNN instead. It is trained to predict, from one ground-truth render, per-image attributes
 the world cares about:
 

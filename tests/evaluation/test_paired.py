@@ -1,12 +1,14 @@
-"""Paired comparisons of evaluations: jagg_lab.evaluate.paired_gain and experiments/paired.py."""
+"""Paired comparisons of evaluations: jagg_lab.evaluation.paired_gain and experiments/paired.py."""
 import json
 import statistics
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
-from jagg_lab.evaluate import eval_categories, eval_prompts, main as evaluate, paired_gain
+from jagg_lab.evaluate import EvalArgs, main as evaluate
+from jagg_lab.evaluation import eval_categories, eval_prompts, paired_gain
 from jagg_lab.worlds.shapes import CATEGORIES, parse
 from tests.test_train_cli import REPO
 
@@ -75,3 +77,16 @@ def test_paired_cli_compares_real_evaluations_and_their_mean(tmp_path):
     proc = subprocess.run([*cmd[:3], f"evaluations=[{tmp_path / 'missing.json'}]"], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and "missing.json" in proc.stderr
+
+
+def test_the_shipped_base_evaluation_is_a_paired_reference():
+    """experiments/results/base_eval.json (the README's base numbers) holds per-sample scores and
+    the settings of a default evaluation: any policy evaluated with n_samples=128 seed=1 pairs with it."""
+    base = json.loads((REPO / "experiments" / "results" / "base_eval.json").read_text())
+    strict, dense = base["per_sample"]["strict"], base["per_sample"]["dense"]
+    assert len(strict) == len(dense) == base["n_samples"] == 128
+    assert statistics.fmean(strict) == pytest.approx(base["strict_accuracy"])
+    assert statistics.fmean(dense) == pytest.approx(base["dense_score"])
+    other = {"args": asdict(EvalArgs(checkpoint="trained.safetensors", out="trained.json")), "strict_accuracy": 1.0,
+             "dense_score": 1.0, "per_sample": {"strict": [1] * 128, "dense": [1.0] * 128}}
+    assert paired_gain(other, base)["strict_gain"] == pytest.approx(1 - base["strict_accuracy"])

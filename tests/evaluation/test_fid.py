@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jagg_lab.metrics import fid_kid, reference_images, reference_prompts
+from jagg_lab.evaluation.fid import fid_kid, reference_images, reference_prompts
 from jagg_lab.worlds.shapes.features import DEFAULT_PATH, FEATURE_DIM, ShapeFeatures, load_feature_net
 
 N = 300
