@@ -27,6 +27,7 @@ __all__ = [
     "effective_mode",
     "Segment",
     "interpolate_backward",
+    "check_pass_items",
 ]
 
 # Where a windowed strategy gets the velocities of steps it does not backpropagate through.
@@ -163,6 +164,12 @@ class Segment:
         return range(self.left + 1, self.right)
 
 
+def check_pass_items(max_pass_items: int | None) -> None:
+    """The bound on one joint pass: null (a window's or all knots' nodes together) or >= 1."""
+    if max_pass_items is not None and max_pass_items < 1:
+        raise ValueError(f"strategy.max_pass_items must be >= 1 or null, got {max_pass_items}")
+
+
 def interpolate_backward(
     velocity_fn: VelocityFn,
     states: Sequence[torch.Tensor],
@@ -172,13 +179,14 @@ def interpolate_backward(
     *,
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
-    max_items: int | None = None,
+    max_pass_items: int | None = None,
 ) -> BackwardStats:
     """One piece of the interpolating strategies: the Jacobian is interpolated linearly in
     noise level inside each segment, so every step's upstream signal g_k reaches the model
     through the segments' knots (plus corrected steps): sum over nodes n of J_n^T G_n. The
     nodes go through one joint forward with grad and ONE backward of sum <v_n, G_n>, split
-    into passes of at most `max_items` nodes (batches of B rows) when memory demands.
+    into passes of at most `max_pass_items` nodes (batches of B rows) when memory demands:
+    1 keeps every pass at the rows `full` uses.
 
     Consecutive segments may share a knot (`jagg_knots`); a knot's own g goes wholly to it.
     The velocities of other steps come by `mode` (see MODES); a corrected step's g too, so the
@@ -187,9 +195,8 @@ def interpolate_backward(
     levels = [float(s) for s in noise_levels]
     knots = sorted({k for seg in segments for k in (seg.left, seg.right)})
     nodes = sorted(set(knots) | {seg.correct for seg in segments if seg.correct is not None})
-    chunk = len(nodes) if max_items is None else max_items
-    if chunk < 1:
-        raise ValueError(f"max_items must be >= 1, got {max_items}")
+    check_pass_items(max_pass_items)
+    chunk = len(nodes) if max_pass_items is None else max_pass_items
     passes = [nodes[i : i + chunk] for i in range(0, len(nodes), chunk)]
     spans = [seg for seg in segments if seg.right > seg.left]
     stats = BackwardStats(backward_passes=len(passes), backward_items=len(nodes), windows=len(spans), jagg_windows=len(spans))

@@ -29,6 +29,7 @@ from jagg_lab.strategies.core import (
     StepLossFn,
     VelocityFn,
     check_mode,
+    check_pass_items,
     effective_mode,
     interpolate_backward,
     interpolation_weights,
@@ -79,6 +80,7 @@ def jagg_cv_backward(
     generator: torch.Generator | None = None,
     interior: Sequence[int | None] | None = None,
     proposal: str = "uniform",
+    max_pass_items: int | None = None,
 ) -> dict[str, float]:
     """Accumulate the control-variate JAGG estimate of grad sum_k L_k into .grad.
 
@@ -86,7 +88,7 @@ def jagg_cv_backward(
     steps is corrected with probability p. generator: drives the draws (seeded by the
     caller for reproducibility). interior: per window, the index (0-based, among that
     window's interior steps) of the step to correct, or None for no correction, instead
-    of the draws. proposal: how r is drawn (see PROPOSALS).
+    of the draws. proposal: how r is drawn (see PROPOSALS). max_pass_items: as `jagg_backward`.
     Returns stats as `jagg_backward`, plus `corrected_windows`.
     """
     if len(states) != len(noise_levels):
@@ -117,7 +119,8 @@ def jagg_cv_backward(
             if choice is not None:
                 corrected += 1
                 segment = Segment(steps[0], steps[-1], correct=steps[1 + choice], weight=1.0 / (correct_prob * q[choice].item()))
-        stats.add(interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, [segment], velocities=velocities, mode=mode))
+        stats.add(interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, [segment], velocities=velocities,
+                                       mode=mode, max_pass_items=max_pass_items))
     out = stats.as_dict()
     out["corrected_windows"] = corrected
     return out
@@ -126,12 +129,15 @@ def jagg_cv_backward(
 class JaggCVStrategy(WindowedStrategy):
     """window, mode: as `jagg`. correct_prob: share of windows corrected (expected backward
     items 2 + correct_prob per window of 3 or more steps). proposal: uniform | bend.
-    seed: the draws' generator, whose state checkpoints carry for an exact resume."""
+    seed: the draws' generator, whose state checkpoints carry for an exact resume.
+    max_pass_items: batches of B rows per joint pass (1: no more than `full`'s; null: all)."""
 
     def __init__(self, window: int = 4, mode: str = "cached", correct_prob: float = 1.0, proposal: str = "uniform",
-                 seed: int = 0, diagnose_every: int = 0):
+                 seed: int = 0, max_pass_items: int | None = None, diagnose_every: int = 0):
         super().__init__(window=window, diagnose_every=diagnose_every)
         check_mode(mode)
+        check_pass_items(max_pass_items)
+        self.max_pass_items = max_pass_items
         if not 0 < correct_prob <= 1:
             raise ValueError(f"strategy.correct_prob must be in (0, 1], got {correct_prob}")
         if proposal not in PROPOSALS:
@@ -151,6 +157,7 @@ class JaggCVStrategy(WindowedStrategy):
         stats = jagg_cv_backward(
             velocity_fn, states, noise_levels, step_loss_fn, window=self.window, velocities=velocities, mode=mode,
             correct_prob=self.correct_prob, generator=self.generator, proposal=self.proposal,
+            max_pass_items=self.max_pass_items,
         )
         stats["fallbacks"] = fallbacks
         return stats

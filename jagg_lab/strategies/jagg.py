@@ -19,6 +19,7 @@ from jagg_lab.strategies.core import (
     StepLossFn,
     VelocityFn,
     check_mode,
+    check_pass_items,
     effective_mode,
     interpolate_backward,
     partition_windows,
@@ -36,10 +37,11 @@ def jagg_window_backward(
     *,
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
+    max_pass_items: int | None = None,
 ) -> BackwardStats:
     """JAGG over one window of trained-step indices `steps` (consecutive, in sampling order)."""
     return interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, [Segment(steps[0], steps[-1])],
-                                velocities=velocities, mode=mode)
+                                velocities=velocities, mode=mode, max_pass_items=max_pass_items)
 
 
 def jagg_backward(
@@ -51,6 +53,7 @@ def jagg_backward(
     window: int = 4,
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
+    max_pass_items: int | None = None,
 ) -> dict[str, float]:
     """Accumulate the JAGG estimate of grad sum_k L_k into .grad (adds to existing grads).
 
@@ -59,7 +62,8 @@ def jagg_backward(
     steps' inputs in sampling order. noise_levels: K floats s_k. step_loss_fn(k, v): loss
     of trained step k as a function of v. velocities: the rollout's K velocities, needed by
     `cached` and `interpolated`. `cached` is exact only while the parameters are those that
-    sampled the rollout; the caller must know that.
+    sampled the rollout; the caller must know that. max_pass_items: at most this many
+    batches of B rows per joint pass (1: the rows `full` uses; None: both endpoints at once).
     Returns stats: backward_passes (= windows), backward_items, forwards, loss.
     """
     if len(states) != len(noise_levels):
@@ -67,23 +71,27 @@ def jagg_backward(
     check_mode(mode, velocities)
     stats = BackwardStats()
     for steps in partition_windows(len(states), window):
-        stats.add(jagg_window_backward(velocity_fn, states, noise_levels, step_loss_fn, steps, velocities=velocities, mode=mode))
+        stats.add(jagg_window_backward(velocity_fn, states, noise_levels, step_loss_fn, steps, velocities=velocities,
+                                       mode=mode, max_pass_items=max_pass_items))
     return stats.as_dict()
 
 
 class JaggStrategy(WindowedStrategy):
     """window: W trained steps per window. mode: recompute | cached | interpolated.
-    `cached` falls back to `recompute` (counted in `fallbacks`) once the parameters moved."""
+    `cached` falls back to `recompute` (counted in `fallbacks`) once the parameters moved.
+    max_pass_items: batches of B rows per joint pass (1: no more than `full`'s; null: all)."""
 
-    def __init__(self, window: int = 4, mode: str = "cached", diagnose_every: int = 0):
+    def __init__(self, window: int = 4, mode: str = "cached", max_pass_items: int | None = None, diagnose_every: int = 0):
         super().__init__(window=window, diagnose_every=diagnose_every)
         check_mode(mode)
-        self.mode = mode
+        check_pass_items(max_pass_items)
+        self.mode, self.max_pass_items = mode, max_pass_items
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
         mode, fallbacks = effective_mode(self.mode, on_policy)
         stats = jagg_backward(
-            velocity_fn, states, noise_levels, step_loss_fn, window=self.window, velocities=velocities, mode=mode
+            velocity_fn, states, noise_levels, step_loss_fn, window=self.window, velocities=velocities, mode=mode,
+            max_pass_items=self.max_pass_items,
         )
         stats["fallbacks"] = fallbacks
         return stats

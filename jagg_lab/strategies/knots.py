@@ -3,7 +3,7 @@
 The Jacobian is interpolated piecewise-linearly (in noise level) between knots: each
 trained step's upstream signal g_k is split between its two neighbouring knots with the
 weights of section 3 (a knot's own g goes wholly to it), and all knots go through one
-joint forward and backward (chunked into `knot_chunk` knots for bounded memory).
+joint forward and backward (split into passes of `max_pass_items` knots for bounded memory).
 Windows of W spend 2 backward items per W steps; knots every W - 1 steps spend 1.
 
 Adaptive placement (`knot_budget`): choose the M knots that minimise the deviation of the
@@ -22,6 +22,7 @@ from jagg_lab.strategies.core import (
     StepLossFn,
     VelocityFn,
     check_mode,
+    check_pass_items,
     effective_mode,
     interpolate_backward,
     interpolation_weights,
@@ -107,24 +108,22 @@ def knots_backward(
     knot_budget: int | None = None,
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
-    knot_chunk: int | None = None,
+    max_pass_items: int | None = None,
 ) -> dict[str, float]:
     """Accumulate the shared-knot JAGG estimate of grad sum_k L_k into .grad.
 
     Arguments as `jagg_backward`, plus exactly one of `knots` (explicit trained-step indices),
-    `knot_spacing` or `knot_budget`; `knot_chunk` bounds the knots per joint forward/backward.
+    `knot_spacing` or `knot_budget`; `max_pass_items` bounds the knots per joint forward/backward.
     Stats: backward_passes = chunks, backward_items = knots, `knots` = the positions used.
     """
     num = len(states)
     if num != len(noise_levels):
         raise ValueError(f"got {num} states but {len(noise_levels)} noise levels")
     check_mode(mode, velocities)
-    if knot_chunk is not None and knot_chunk < 1:
-        raise ValueError(f"knot_chunk must be >= 1, got {knot_chunk}")
     positions = _resolve_knots(num, knots, knot_spacing, knot_budget, velocities, [float(s) for s in noise_levels])
     segments = [Segment(left, right) for left, right in zip(positions[:-1], positions[1:])] or [Segment(positions[0], positions[0])]
     stats = interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, segments,
-                                 velocities=velocities, mode=mode, max_items=knot_chunk)
+                                 velocities=velocities, mode=mode, max_pass_items=max_pass_items)
     out = stats.as_dict()
     out["knots"] = positions
     return out
@@ -132,10 +131,10 @@ def knots_backward(
 
 class JaggKnotsStrategy(GradientStrategy):
     """knot_spacing: steps between knots; or knot_budget: M adaptive knots per micro-batch;
-    or knots: explicit trained-step indices (set exactly one). knot_chunk: knots per joint forward/backward (null = all). mode: as `jagg`.
+    or knots: explicit trained-step indices (set exactly one). max_pass_items: knots per joint forward/backward (null = all). mode: as `jagg`.
     Logs the knot positions as `knot_<i>` (trained-step index of the i-th knot)."""
 
-    def __init__(self, knot_spacing: int | None = 3, knot_budget: int | None = None, knot_chunk: int | None = None,
+    def __init__(self, knot_spacing: int | None = 3, knot_budget: int | None = None, max_pass_items: int | None = None,
                  mode: str = "cached", knots: list[int] | None = None, diagnose_every: int = 0):
         super().__init__(diagnose_every=diagnose_every)
         if sum(x is not None for x in (knot_spacing, knot_budget, knots)) != 1:
@@ -144,10 +143,9 @@ class JaggKnotsStrategy(GradientStrategy):
             raise ValueError(f"strategy.knot_spacing must be >= 1, got {knot_spacing}")
         if knot_budget is not None and knot_budget < 2:
             raise ValueError(f"strategy.knot_budget must be >= 2, got {knot_budget}")
-        if knot_chunk is not None and knot_chunk < 1:
-            raise ValueError(f"strategy.knot_chunk must be >= 1, got {knot_chunk}")
+        check_pass_items(max_pass_items)
         check_mode(mode)
-        self.knot_spacing, self.knot_budget, self.knot_chunk, self.mode = knot_spacing, knot_budget, knot_chunk, mode
+        self.knot_spacing, self.knot_budget, self.max_pass_items, self.mode = knot_spacing, knot_budget, max_pass_items, mode
         self.knots = None if knots is None else [int(k) for k in knots]
 
     def diagnostic_windows(self, num_steps: int) -> list[list[int]]:
@@ -157,7 +155,7 @@ class JaggKnotsStrategy(GradientStrategy):
         mode, fallbacks = effective_mode(self.mode, on_policy)
         stats = knots_backward(
             velocity_fn, states, noise_levels, step_loss_fn, knot_spacing=self.knot_spacing, knot_budget=self.knot_budget,
-            knots=self.knots, velocities=velocities, mode=mode, knot_chunk=self.knot_chunk,
+            knots=self.knots, velocities=velocities, mode=mode, max_pass_items=self.max_pass_items,
         )
         positions = stats.pop("knots")
         stats.update({f"knot_{i}": k for i, k in enumerate(positions)})

@@ -73,9 +73,10 @@ class JaggRoutedStrategy(JaggStrategy):
         cos_threshold: float | None = None,
         jagg_frac: float | None = None,
         aggregate: str = "mean",
+        max_pass_items: int | None = None,
         diagnose_every: int = 0,
     ):
-        super().__init__(window=window, mode=mode, diagnose_every=diagnose_every)
+        super().__init__(window=window, mode=mode, max_pass_items=max_pass_items, diagnose_every=diagnose_every)
         check_routing(cos_threshold, jagg_frac)
         if aggregate not in ("mean", "min"):
             raise ValueError(f"strategy.aggregate must be 'mean' or 'min', got {aggregate!r}")
@@ -97,7 +98,8 @@ class JaggRoutedStrategy(JaggStrategy):
         stats = BackwardStats()
         for i, steps in enumerate(windows):
             if i in routed or i not in choices:
-                stats.add(jagg_window_backward(velocity_fn, states, noise_levels, step_loss_fn, steps, velocities=velocities, mode=mode))
+                stats.add(jagg_window_backward(velocity_fn, states, noise_levels, step_loss_fn, steps, velocities=velocities,
+                                               mode=mode, max_pass_items=self.max_pass_items))
             else:
                 stats.windows += 1
                 for k in steps:

@@ -84,7 +84,7 @@ def test_chunking_changes_memory_not_the_gradient(real):
     module, rollout, advantages, _ = real
     for mode in ("cached", "interpolated", "recompute"):
         whole, _ = strategy_gradient(module, JaggKnotsStrategy(knot_spacing=2, mode=mode), rollout, advantages)
-        chunked, stats = strategy_gradient(module, JaggKnotsStrategy(knot_spacing=2, knot_chunk=2, mode=mode), rollout, advantages)
+        chunked, stats = strategy_gradient(module, JaggKnotsStrategy(knot_spacing=2, max_pass_items=2, mode=mode), rollout, advantages)
         assert rel_err(chunked, whole) < 1e-5, mode
         assert stats["backward_passes"] == 3 and stats["backward_items"] == 5
 
@@ -143,5 +143,5 @@ def test_knot_settings_are_validated():
         JaggKnotsStrategy(knot_spacing=2, knot_budget=4)
     with pytest.raises(ValueError, match="knot_budget"):
         JaggKnotsStrategy(knot_spacing=None, knot_budget=1)
-    with pytest.raises(ValueError, match="knot_chunk"):
-        JaggKnotsStrategy(knot_chunk=0)
+    with pytest.raises(ValueError, match="max_pass_items"):
+        JaggKnotsStrategy(max_pass_items=0)
