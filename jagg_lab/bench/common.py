@@ -10,6 +10,9 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -26,7 +29,8 @@ from jagg_lab.types import Rollout
 from jagg_lab.worlds.shapes import sample_prompt
 
 __all__ = [
-    "dit_policy", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
+    "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
+    "MEMORY_METHODS", "Memory", "is_out_of_memory", "free_memory", "limit_memory", "measure_memory",
     "check_device", "check_minimum", "check_resolution", "check_sampling",
 ]
 
@@ -42,7 +46,14 @@ def dit_policy(size: str, resolution: int, checkpoint: str | None, seed: int) ->
     policy = DiTPolicy(size=size, resolution=resolution, checkpoint=checkpoint)
     if checkpoint is None:
         return fill_zero_init_(policy, seed), "random (zero-init layers filled)"
-    return policy, str(SHIPPED_CHECKPOINT if checkpoint == "shipped" else checkpoint)
+    return policy, project_path(SHIPPED_CHECKPOINT if checkpoint == "shipped" else checkpoint)
+
+
+def project_path(path: str | Path) -> str:
+    """A path as reports name it: relative to the project when inside it, never a machine's home."""
+    path = Path(path).resolve()
+    root = Path(__file__).resolve().parents[2]
+    return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
 
 
 def _shipped_fits(size: str, resolution: int) -> bool:
@@ -96,19 +107,91 @@ def sync(device: str) -> None:
 
 
 def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Rollout, advantages: torch.Tensor,
-                   device: str) -> tuple[float, dict]:
-    """What a training step runs after its rollout, on the whole batch as one on-policy
-    micro-batch, from zeroed gradients (left in .grad). Returns (seconds, the strategy's stats)."""
+                   device: str, micro_batches: int = 1) -> tuple[float, dict]:
+    """What a training step runs after its rollout, on-policy, from zeroed gradients (left in
+    .grad): the whole batch in `micro_batches` micro-batches (1: one). Returns (seconds, the
+    strategy's stats summed over micro-batches)."""
     module.policy.train()
     module.policy.zero_grad(set_to_none=True)
-    idx = torch.arange(rollout.final.shape[0], device=rollout.final.device)
+    total = rollout.final.shape[0]
     params = module.trainable_parameters()
+    summed: dict = {}
     sync(device)
     start = time.perf_counter()
-    stats, _ = module.objective.backward(strategy, module.policy, rollout, advantages, idx, scale=1.0,
-                                         on_policy=True, params=params)
+    for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
+        stats, _ = module.objective.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
+                                             on_policy=True, params=params)
+        for key, value in stats.items():
+            summed[key] = value if key not in summed or not isinstance(value, (int, float)) else summed[key] + value
     sync(device)
-    return time.perf_counter() - start, stats
+    return time.perf_counter() - start, summed
+
+
+# ---- memory: what a phase needs, and what happens when it does not fit ----------------------
+MEMORY_METHODS = {
+    "cuda": "torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus memory_allocated right before "
+            "the gradient phase (peak_allocated_mib: max_memory_allocated itself, weights included)",
+    "cpu": "torch.profiler (profile_memory=True) allocation/free events of the CPU allocator: peak of the running sum "
+           "of tensor bytes allocated minus freed during the gradient phase (tensors live before it excluded); "
+           "peak_allocated_mib is not measured on CPU",
+}
+
+
+@dataclass
+class Memory:
+    """status: "ok", or "oom" when the phase ran out of memory (CUDA) or its measured peak
+    exceeded the benchmark's memory limit (CPU, whose allocator has no limit to hit)."""
+
+    status: str
+    peak_mib: float | None = None  # the phase's own peak, above what was live before it
+    peak_allocated_mib: float | None = None  # CUDA: the device's peak allocation, weights included
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def free_memory(module: GRPOModule, device: str) -> None:
+    module.policy.zero_grad(set_to_none=True)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def limit_memory(device: str, limit_gib: float | None) -> None:
+    """On CUDA, cap this process's allocations at limit_gib (a real out-of-memory past it)."""
+    if limit_gib is not None and device.startswith("cuda"):
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * 2**30 / total), device)
+
+
+def measure_memory(fn: Callable[[], object], device: str, limit_gib: float | None = None) -> Memory:
+    """Run fn() once, untimed, and measure its peak memory (see MEMORY_METHODS); an
+    out-of-memory error, or on CPU a peak over limit_gib, gives status "oom"."""
+    try:
+        if device.startswith("cuda"):
+            sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            fn()
+            sync(device)
+            peak = torch.cuda.max_memory_allocated(device)
+            return Memory("ok", (peak - before) / 2**20, peak / 2**20)
+        # The process's RSS would hide reuse of memory freed by earlier configurations (the
+        # allocator keeps it); the profiler sees every tensor allocation and free instead.
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        return Memory("oom")
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()  # + on allocation, - on free
+        peak = max(peak, live)
+    over = limit_gib is not None and peak > limit_gib * 2**30
+    return Memory("oom" if over else "ok", peak / 2**20)
 
 
 def machine(device: str) -> dict:

@@ -11,12 +11,20 @@ __all__ = ["strategies_table", "write_strategies", "SPEED_COLUMNS", "speed_table
 
 
 # ---- `strategies` ------------------------------------------------------------------------
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
 def strategies_table(report: dict) -> str:
-    lines = ["| strategy | W / spacing / budget | mode | backward passes | backward items | time (s) | speedup vs full | grad cosine |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| strategy | W / spacing / budget | mode | items per pass | status | backward passes | backward items | "
+             "time (s) | speedup vs full | peak memory (MiB) | grad cosine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
-        lines.append(f"| {r['strategy']} | {r['window']} | {r['mode']} | {r['backward_passes']:.0f} | {r['backward_items']:.0f} | "
-                     f"{r['time_s']:.3f} | {r['speedup_vs_full']:.2f}x | {r['grad_cosine']:.4f} |")
+        bound = r.get("max_pass_items")
+        lines.append(f"| {r['strategy']} | {r['window']} | {r['mode']} | {'all' if bound is None else bound} | "
+                     f"{r.get('status', 'ok')} | {_cell(r['backward_passes'], '{:.0f}')} | {_cell(r['backward_items'], '{:.0f}')} | "
+                     f"{_cell(r['time_s'], '{:.3f}')} | {_cell(r['speedup_vs_full'], '{:.2f}x')} | "
+                     f"{_cell(r.get('peak_memory_mib'), '{:.1f}')} | {_cell(r['grad_cosine'], '{:.4f}')} |")
     return "\n".join(lines)
 
 

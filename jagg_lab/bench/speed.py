@@ -1,9 +1,11 @@
 """`python -m jagg_lab.bench speed`: the speed table.
 
-For each DiT size x resolution x strategy (full, jagg W = 2/4/8 in cached mode, subsample
+For each model size x resolution x strategy (full, jagg W = 2/4/8 in cached mode, subsample
 W = 4) it times whole GRPO steps (rollout, reward, gradient phase) round-robin over all
 configurations in one process, measures each gradient phase's peak memory, and writes
-OUT/speed.json, OUT/speed.csv and OUT/speed.md.
+OUT/speed.json, OUT/speed.csv and OUT/speed.md. The model is the shapes DiT (its sizes) or,
+with policy=sd3_random, SD3.5-Medium's transformer with random weights: what a whole step of
+real-size GRPO costs, and which share of it a strategy saves.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from jagg_lab import cli
 from jagg_lab.bench import common
 from jagg_lab.bench.report import write_speed
 from jagg_lab.policies import DIT_SIZES
-from jagg_lab.rewards import ShapesVerifierReward
+from jagg_lab.rewards import JpegCompressibility, ShapesVerifierReward
 from jagg_lab.strategies import MODES, FullStrategy, JaggStrategy, SubsampleStrategy
 
 __all__ = ["SCALES", "MEMORY_METHODS", "SpeedArgs", "parse_args", "peak_memory_mib", "bench_speed", "main"]
@@ -36,12 +38,8 @@ SCALES: dict[str, dict] = {
     "paper": {"sizes": ["XS", "S", "B"], "resolutions": [16, 32, 64], "prompts": 8, "group_size": 8, "repeats": 5},
 }
 
-MEMORY_METHODS = {
-    "cuda": "torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus memory_allocated right before "
-            "the gradient phase",
-    "cpu": "torch.profiler (profile_memory=True) allocation/free events of the CPU allocator: peak of the running sum "
-           "of tensor bytes allocated minus freed during the gradient phase (tensors live before it excluded)",
-}
+MEMORY_METHODS = common.MEMORY_METHODS
+POLICIES = ("dit", "sd3_random")
 
 
 @dataclass
@@ -53,7 +51,11 @@ class SpeedArgs:
 
     out: str | None = None  # a new or empty directory
     scale: str = "cpu"  # cpu | paper
-    sizes: list[str] = field(default_factory=lambda: ["XS", "S"])  # DIT_SIZES keys
+    policy: str = "dit"  # dit (the shapes DiT, its `sizes`) | sd3_random (SD3.5-Medium's transformer, random weights)
+    num_layers: int = 24  # sd3_random only (1 for a CPU smoke test)
+    gradient_checkpointing: bool = False  # sd3_random only: recompute block activations in backward
+    max_pass_items: int | None = None  # jagg: batches of B rows per joint pass (1 = full's memory)
+    sizes: list[str] = field(default_factory=lambda: ["XS", "S"])  # DIT_SIZES keys (dit only)
     resolutions: list[int] = field(default_factory=lambda: [16, 32])  # pixels
     windows: list[int] = field(default_factory=lambda: [2, 4, 8])  # jagg
     mode: str = "cached"  # jagg's intermediate velocities (the trained default)
@@ -67,7 +69,7 @@ class SpeedArgs:
     repeats: int = 3  # timed rounds
     warmup: int = 1  # untimed rounds before them
     device: str = "cpu"  # cpu | cuda[:N]
-    dtype: str = "float32"  # float32 | bfloat16 (torch.autocast over the whole step; weights stay float32)
+    dtype: str = "float32"  # float32 | bfloat16 (dit: torch.autocast, weights stay float32; sd3_random: the weights' dtype)
     seed: int = 0  # prompts, weights, rollout noise
 
     def __post_init__(self) -> None:
@@ -82,14 +84,21 @@ class SpeedArgs:
             raise ValueError(f"out: {out} already exists and is not an empty directory; choose a new one")
         if self.scale not in SCALES:
             raise ValueError(f"scale must be one of {sorted(SCALES)}, got {self.scale!r}")
-        if not self.sizes or any(s not in DIT_SIZES for s in self.sizes):
-            raise ValueError(f"sizes must be a non-empty list of {sorted(DIT_SIZES)}, got {self.sizes}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not self.resolutions:
             raise ValueError("resolutions must not be empty")
-        for r in self.resolutions:
-            common.check_resolution("resolutions", r)
+        if self.policy == "sd3_random" and any(r % 16 for r in self.resolutions):
+            raise ValueError(f"resolutions must be multiples of 16 for sd3_random (VAE factor 8 x patch 2), got {self.resolutions}")
+        if self.policy == "dit":
+            if not self.sizes or any(s not in DIT_SIZES for s in self.sizes):
+                raise ValueError(f"sizes must be a non-empty list of {sorted(DIT_SIZES)}, got {self.sizes}")
+            for r in self.resolutions:
+                common.check_resolution("resolutions", r)
         common.check_minimum(self, {"windows": 1, "subsample_windows": 1, "prompts": 1, "group_size": 1,
-                                    "repeats": 1, "warmup": 0})
+                                    "repeats": 1, "warmup": 0, "num_layers": 1, "resolutions": 1})
+        if self.max_pass_items is not None and self.max_pass_items < 1:
+            raise ValueError(f"max_pass_items must be >= 1 or null, got {self.max_pass_items}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         common.check_sampling(self.num_steps, self.shift, self.guidance, self.train_fraction)
@@ -110,31 +119,40 @@ def parse_args(argv: list[str]) -> SpeedArgs:
         raise cli.UsageError(str(err)) from None
 
 
-def peak_memory_mib(fn: Callable[[], object], device: str) -> float:
-    """Peak memory of live tensors while fn() runs, above what was live before it (MiB)."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    # The process's RSS would hide reuse of memory freed by earlier configurations (the
-    # allocator keeps it); the profiler sees every tensor allocation and free instead.
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()  # + on allocation, - on free
-        peak = max(peak, live)
-    return peak / 2**20
+def peak_memory_mib(fn: Callable[[], object], device: str) -> float | None:
+    """Peak memory of live tensors while fn() runs, above what was live before it (MiB);
+    None when it ran out of memory."""
+    return common.measure_memory(fn, device).peak_mib
 
 
-def _precision(device: str, dtype: str) -> contextlib.AbstractContextManager:
-    """bfloat16: autocast over the whole step (the weights stay float32); float32: nothing."""
-    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
+def _precision(args: SpeedArgs) -> contextlib.AbstractContextManager:
+    """The DiT in bfloat16: autocast over the whole step (the weights stay float32); otherwise
+    nothing (sd3_random holds its weights in `dtype` itself)."""
+    if args.dtype == "bfloat16" and args.policy == "dit":
+        return torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _cells(args: SpeedArgs) -> tuple[dict, dict]:
+    """(size, resolution) -> a module assembled as training does, and where its weights came from."""
+    cells, weights = {}, {}
+    for res in args.resolutions:
+        for size in (args.sizes if args.policy == "dit" else ["sd3.5m"]):
+            if args.policy == "dit":
+                policy, weights[size, res] = common.dit_policy(size, res, "shipped", args.seed)
+                reward = ShapesVerifierReward()
+            else:
+                from jagg_lab.policies.diffusers import DiffusersPolicy  # diffusers only where it is used
+
+                policy = DiffusersPolicy.sd3_random(resolution=res, dtype=args.dtype, num_layers=args.num_layers,
+                                                    seed=args.seed, device=args.device,
+                                                    gradient_checkpointing=args.gradient_checkpointing)
+                weights[size, res] = f"random ({args.num_layers} layers, LoRA)"
+                reward = JpegCompressibility()  # no VAE: the reward only makes advantages
+            cells[size, res] = common.grpo_module(
+                policy, reward, num_steps=args.num_steps, shift=args.shift, guidance=args.guidance,
+                train_fraction=args.train_fraction, group_size=args.group_size, seed=args.seed, device=args.device)
+    return cells, weights
 
 
 def bench_speed(args: SpeedArgs) -> dict:
@@ -142,15 +160,10 @@ def bench_speed(args: SpeedArgs) -> dict:
     round-robin in one process, then one gradient phase each for peak memory; one row each."""
     args.check()  # again: `out` may have been filled since the arguments were parsed
     load_start = os.getloadavg()
-    cells, weights = {}, {}
-    for size in args.sizes:
-        for res in args.resolutions:
-            policy, weights[size, res] = common.dit_policy(size, res, "shipped", args.seed)
-            cells[size, res] = common.grpo_module(
-                policy, ShapesVerifierReward(), num_steps=args.num_steps, shift=args.shift, guidance=args.guidance,
-                train_fraction=args.train_fraction, group_size=args.group_size, seed=args.seed, device=args.device)
+    cells, weights = _cells(args)
     strategies = {("full", 1): FullStrategy()}
-    strategies.update({("jagg", w): JaggStrategy(window=w, mode=args.mode) for w in args.windows})
+    strategies.update({("jagg", w): JaggStrategy(window=w, mode=args.mode, max_pass_items=args.max_pass_items)
+                       for w in args.windows})
     strategies.update({("subsample", w): SubsampleStrategy(window=w, choice="fixed") for w in args.subsample_windows})
     configs = [(*cell, *name) for cell in cells for name in strategies]
     prompts = common.grouped_prompts(args.prompts, args.group_size, args.seed)
@@ -164,7 +177,7 @@ def bench_speed(args: SpeedArgs) -> dict:
         rotate = repeat % len(configs)
         for config in configs[rotate:] + configs[:rotate]:
             module, strategy = cells[config[:2]], strategies[config[2:]]
-            with _precision(args.device, args.dtype):
+            with _precision(args):
                 common.sync(args.device)
                 t0 = time.perf_counter()
                 module.policy.eval()
@@ -184,7 +197,7 @@ def bench_speed(args: SpeedArgs) -> dict:
     # Peak memory, untimed: one more gradient phase per configuration on a fixed rollout.
     peaks = {}
     for cell, module in cells.items():
-        with _precision(args.device, args.dtype):
+        with _precision(args):
             module.policy.eval()
             rollout = module.make_rollout(prompts, torch.Generator().manual_seed(args.seed))
             advantages = common.advantages(module, rollout, prompts, args.seed)
@@ -202,6 +215,7 @@ def bench_speed(args: SpeedArgs) -> dict:
         rows.append({
             "size": size, "resolution": res, "strategy": name, "window": window,
             "mode": args.mode if name == "jagg" else "-", "weights": weights[size, res],
+            "max_pass_items": args.max_pass_items if name == "jagg" else None,
             "samples": len(prompts), "trained_steps": len(cells[size, res].objective.trained_steps),
             "backward_passes": stats[config]["backward_passes"], "backward_items": stats[config]["backward_items"],
             "nograd_forwards": stats[config]["nograd_forwards"],
@@ -224,7 +238,9 @@ def bench_speed(args: SpeedArgs) -> dict:
             "rows (order rotated each round)",
             "speedups are over `full` of the same size and resolution",
             "weights: the shipped checkpoint exists only for DiT-S at 32 px; other cells use random weights "
-            "(fill_zero_init_), which changes rewards but not the work done",
+            "(fill_zero_init_), which changes rewards but not the work done"
+            if args.policy == "dit" else "sd3_random: random weights and no VAE; the reward (JPEG size of the "
+            "latents shown as an image) only makes advantages, so the reward time is not a real reward's",
         ],
         "rows": rows,
     }

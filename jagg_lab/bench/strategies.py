@@ -2,14 +2,17 @@
 
 Times the gradient phase (exactly what a training step runs after the rollout) of full,
 subsample, jagg (each window and intermediate-velocity mode) and the knot variants on the
-SAME rollout micro-batch, round-robin so drift hits all alike, and reports the speedup over
-full and the cosine of each gradient to the full one.
+SAME rollout, round-robin so drift hits all alike, and reports per configuration the time,
+speedup over full, peak memory, backward passes and items, the cosine of its gradient to the
+full one, and a status: a configuration that runs out of memory is recorded as "oom" and the
+benchmark goes on.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import nn
@@ -28,8 +31,8 @@ PROG = "python -m jagg_lab.bench strategies"
 POLICIES = ("dit", "sd3_random")
 DTYPES = ("float32", "bfloat16", "float16")
 
-# (strategy, window / knot spacing / knot budget, mode): one row of the report
-Config = tuple[str, int, str]
+# (strategy, window / knot spacing / knot budget, mode, max_pass_items): one row of the report
+Config = tuple[str, int, str, int | None]
 
 
 @dataclass
@@ -54,6 +57,10 @@ class StrategiesArgs:
     modes: list[str] = field(default_factory=lambda: ["cached", "interpolated", "recompute"])  # jagg's intermediate velocities
     knot_spacings: list[int] = field(default_factory=lambda: [2, 3, 4, 7])  # jagg_knots, uniform placement
     knot_budgets: list[int] = field(default_factory=lambda: [4, 6])  # jagg_knots, adaptive and even placement
+    max_pass_items: list[Optional[int]] = field(default_factory=lambda: [None])  # jagg / knots rows per bound (1 = full's memory)
+    micro_batches: int = 1  # the gradient phase in this many micro-batches, as training's grpo.micro_batch_size does
+    gradient_checkpointing: bool = False  # sd3_random only: recompute block activations in backward
+    memory_limit_gib: float | None = None  # CUDA: cap allocations (a real OOM past it); CPU: a measured peak over it counts as OOM
     repeats: int = 3  # timed rounds (after one warm-up round)
     device: str = "cpu"  # cpu | cuda[:N]
     seed: int = 0  # prompts, weights, rollout noise
@@ -73,7 +80,15 @@ class StrategiesArgs:
             if self.checkpoint not in (None, "shipped") and not Path(self.checkpoint).is_file():
                 raise ValueError(f"checkpoint: no file at {self.checkpoint}")
         common.check_minimum(self, {"num_layers": 1, "resolution": 1, "prompts": 1, "group_size": 1, "repeats": 1,
-                                    "windows": 1, "knot_spacings": 1, "knot_budgets": 2})
+                                    "windows": 1, "knot_spacings": 1, "knot_budgets": 2, "micro_batches": 1})
+        if not self.max_pass_items or any(b is not None and b < 1 for b in self.max_pass_items):
+            raise ValueError(f"max_pass_items must list bounds >= 1 or null, got {self.max_pass_items}")
+        if self.micro_batches > self.prompts * self.group_size:
+            raise ValueError(f"micro_batches ({self.micro_batches}) exceeds the {self.prompts * self.group_size} samples")
+        if self.memory_limit_gib is not None and self.memory_limit_gib <= 0:
+            raise ValueError(f"memory_limit_gib must be > 0 or null, got {self.memory_limit_gib}")
+        if self.policy == "sd3_random" and self.resolution % 16:
+            raise ValueError(f"resolution must be a multiple of 16 for sd3_random (VAE factor 8 x patch 2), got {self.resolution}")
         if any(m not in MODES for m in self.modes):
             raise ValueError(f"modes must all be in {MODES}, got {self.modes}")
         common.check_sampling(self.num_steps, self.shift, self.guidance)
@@ -85,25 +100,32 @@ def _policy(args: StrategiesArgs) -> tuple[nn.Module, str]:
         from jagg_lab.policies.diffusers import DiffusersPolicy  # diffusers only where it is used
 
         policy = DiffusersPolicy.sd3_random(resolution=args.resolution, dtype=args.dtype, num_layers=args.num_layers,
-                                            seed=args.seed, device=args.device)
-        return policy, f"sd3_random ({args.num_layers} layers, {args.resolution} px, {args.dtype}, LoRA)"
+                                            seed=args.seed, device=args.device,
+                                            gradient_checkpointing=args.gradient_checkpointing)
+        checkpointing = ", gradient checkpointing" if args.gradient_checkpointing else ""
+        return policy, f"sd3_random ({args.num_layers} layers, {args.resolution} px, {args.dtype}, LoRA{checkpointing})"
     return common.dit_policy(args.size, args.resolution, args.checkpoint, args.seed)
 
 
 def strategy_configs(args: StrategiesArgs) -> dict[Config, GradientStrategy]:
-    """Every strategy of the report, full first (the reference of the speedups and cosines)."""
-    configs: dict[Config, GradientStrategy] = {("full", 1, "-"): FullStrategy()}
+    """Every strategy of the report, full first (the reference of the speedups and cosines);
+    the interpolating ones once per `max_pass_items` bound."""
+    configs: dict[Config, GradientStrategy] = {("full", 1, "-", None): FullStrategy()}
     for w in args.windows:
-        configs[("subsample", w, "-")] = SubsampleStrategy(window=w, choice="fixed")
-        configs.update({("jagg", w, m): JaggStrategy(window=w, mode=m) for m in args.modes})
-    # knots: the row's window holds the spacing (uniform) or the budget (adaptive, even)
-    configs.update({("jagg_knots", k, "cached"): JaggKnotsStrategy(knot_spacing=k) for k in args.knot_spacings})
-    configs.update({("jagg_knots_adaptive", m, "cached"): JaggKnotsStrategy(knot_spacing=None, knot_budget=m)
-                    for m in args.knot_budgets})
-    # the same budgets placed evenly, for the adaptive-versus-uniform comparison
-    for m in args.knot_budgets:
-        knots = [round(i * (args.num_steps - 1) / (m - 1)) for i in range(m)]
-        configs[("jagg_knots_even", m, "cached")] = JaggKnotsStrategy(knot_spacing=None, knots=knots)
+        configs[("subsample", w, "-", None)] = SubsampleStrategy(window=w, choice="fixed")
+    for bound in args.max_pass_items:
+        for w in args.windows:
+            configs.update({("jagg", w, m, bound): JaggStrategy(window=w, mode=m, max_pass_items=bound) for m in args.modes})
+        # knots: the row's window holds the spacing (uniform) or the budget (adaptive, even)
+        configs.update({("jagg_knots", k, "cached", bound): JaggKnotsStrategy(knot_spacing=k, max_pass_items=bound)
+                        for k in args.knot_spacings})
+        configs.update({("jagg_knots_adaptive", m, "cached", bound): JaggKnotsStrategy(
+            knot_spacing=None, knot_budget=m, max_pass_items=bound) for m in args.knot_budgets})
+        # the same budgets placed evenly, for the adaptive-versus-uniform comparison
+        for m in args.knot_budgets:
+            knots = [round(i * (args.num_steps - 1) / (m - 1)) for i in range(m)]
+            configs[("jagg_knots_even", m, "cached", bound)] = JaggKnotsStrategy(knot_spacing=None, knots=knots,
+                                                                                  max_pass_items=bound)
     return configs
 
 
@@ -113,8 +135,11 @@ def _knots(stats: dict) -> list[int]:
 
 
 def bench_strategies(args: StrategiesArgs) -> dict:
-    """One rollout, then the gradient phase of every strategy on it, round-robin: the first
-    round warms up, the next `repeats` are timed (median). One result row per strategy."""
+    """One rollout, then per strategy: one untimed gradient phase for its peak memory (an
+    out-of-memory there, or a CPU peak over the limit, marks it "oom" and it runs no more);
+    then round-robin rounds over the others: the first warms up, the next `repeats` are timed
+    (median). One result row per strategy."""
+    common.limit_memory(args.device, args.memory_limit_gib)
     policy, source = _policy(args)
     # sd3_random decodes no real image; its JPEG reward only serves to make advantages
     reward = ShapesVerifierReward() if args.policy == "dit" else JpegCompressibility()
@@ -126,29 +151,51 @@ def bench_strategies(args: StrategiesArgs) -> dict:
 
     configs = strategy_configs(args)
     params = module.trainable_parameters()
-    grads, times, stats = {}, {key: [] for key in configs}, {}
+
+    def phase(strategy: GradientStrategy) -> tuple[float, dict]:
+        return common.gradient_phase(module, strategy, rollout, advantages, args.device, args.micro_batches)
+
+    memory, stats = {}, {}
+    for key, strategy in configs.items():
+        memory[key] = common.measure_memory(lambda: stats.__setitem__(key, phase(strategy)[1]), args.device,
+                                            args.memory_limit_gib)
+        common.free_memory(module, args.device)
+    grads, times = {}, {key: [] for key in configs}
     for repeat in range(args.repeats + 1):  # the first round warms up and is not timed
         for key, strategy in configs.items():
-            seconds, stats[key] = common.gradient_phase(module, strategy, rollout, advantages, args.device)
+            if memory[key].status != "ok":
+                continue
+            try:
+                seconds, stats[key] = phase(strategy)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                if not common.is_out_of_memory(err):
+                    raise
+                memory[key].status = "oom"
+                common.free_memory(module, args.device)
+                continue
             if repeat:
                 times[key].append(seconds)
             grads[key] = flat_grad(params).float()
-    full = ("full", 1, "-")
-    t_full = statistics.median(times[full])
+    full = ("full", 1, "-", None)
+    t_full = statistics.median(times[full]) if memory[full].status == "ok" else None
     results = []
     for key in configs:
-        t = statistics.median(times[key])
+        ok = memory[key].status == "ok"
+        t = statistics.median(times[key]) if ok else None
         results.append({
-            "strategy": key[0], "window": key[1], "mode": key[2],
-            "time_s": t, "speedup_vs_full": t_full / t,
-            "grad_cosine": torch.nn.functional.cosine_similarity(grads[key], grads[full], dim=0).item(),
-            "backward_passes": stats[key]["backward_passes"], "backward_items": stats[key]["backward_items"],
-            "nograd_forwards": stats[key]["nograd_forwards"], "knots": _knots(stats[key]),
+            "strategy": key[0], "window": key[1], "mode": key[2], "max_pass_items": key[3], "status": memory[key].status,
+            "time_s": t, "speedup_vs_full": t_full / t if ok and t_full else None,
+            "grad_cosine": torch.nn.functional.cosine_similarity(grads[key], grads[full], dim=0).item()
+            if ok and full in grads else None,
+            "peak_memory_mib": memory[key].peak_mib, "peak_allocated_mib": memory[key].peak_allocated_mib,
+            "backward_passes": stats[key]["backward_passes"] if key in stats else None,
+            "backward_items": stats[key]["backward_items"] if key in stats else None,
+            "nograd_forwards": stats[key]["nograd_forwards"] if key in stats else None,
+            "knots": _knots(stats.get(key, {})),
         })
-    peak = torch.cuda.max_memory_allocated(args.device) / 2**30 if args.device.startswith("cuda") else None
-    return {"machine": {**common.machine(args.device), "peak_memory_gib": peak}, "policy": source,
-            "settings": asdict(args), "trained_steps": len(module.objective.trained_steps), "samples": len(prompts),
-            "results": results}
+    return {"machine": common.machine(args.device), "policy": source, "settings": asdict(args),
+            "memory_method": common.MEMORY_METHODS["cuda" if args.device.startswith("cuda") else "cpu"],
+            "trained_steps": len(module.objective.trained_steps), "samples": len(prompts), "results": results}
 
 
 def main(argv: list[str]) -> int:
