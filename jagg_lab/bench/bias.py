@@ -140,26 +140,43 @@ def command_line(args: BiasArgs) -> str:
     return " ".join(["python -m jagg_lab.bench bias", *given])
 
 
-def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: None, setting=None) -> dict:
+def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: None, setting=None,
+               partial: Callable[[dict], None] | None = None) -> dict:
+    """The report over `n_rollouts` rollouts; `partial(report)` receives the report so far after
+    every rollout from the fourth on (its `rollouts_done` says how many it holds)."""
     cfg, module, data = setting or _setting(args)
     objective = module.objective
-    module.policy.train()
     names = [(name, w) for name in args.strategies for w in args.windows]
     estimators = {(name, w): ESTIMATORS[name](w, args.seed) for name, w in names}
     sums = {key: ErrorSums() for key in estimators}
     work = {key: {} for key in [("full", 1), *estimators]}
     seconds = {key: 0.0 for key in work}
 
-    def count(key, stats):
+    def count(key, stats, t):
+        seconds[key] += t
         for name, value in stats.items():
-            work[key][name] = work[key].get(name, 0) + value / args.n_rollouts
+            work[key][name] = work[key].get(name, 0) + value
+
+    def report(done: int) -> dict:
+        rows = [{"strategy": key[0], "window": key[1], **{f"{name}_per_rollout": v / done for name, v in work[key].items()},
+                 "gradient_s_per_rollout": seconds[key] / done, **(bias_summary(sums[key]) if key in sums else {})}
+                for key in work]
+        return {
+            "command": command_line(args), "args": asdict(args),
+            "setting": {"sampler": dict(cfg.sampler), "grpo_train_fraction": cfg.grpo.train_fraction,
+                        "trained_steps": list(objective.trained_steps), "samples_per_rollout": data.samples_per_step,
+                        "policy": dict(cfg.policy)},
+            "machine": machine(args.device), "wall_s": time.perf_counter() - start,
+            "rollouts_done": done, "no_bias_z": 1.0, "rows": rows,
+        }
+
     stream = iter(data.train_dataloader())
     start = time.perf_counter()
     for i in range(args.n_rollouts):
         batch = next(stream)
         prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
         metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
-        module.rollouts_done = i
+        module.rollouts_done = i  # the training step's noise and advantage seeds for rollout i
         module.policy.eval()
         rollout = module.make_rollout(prompts, torch.Generator().manual_seed(args.seed * 1_000_003 + i))
         scores = module.reward(module.policy.decode(rollout.final), prompts, metadata)
@@ -168,30 +185,25 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
         advantages = module.advantages(rewards, group_ids)
         module.policy.train()
         f, stats, t = _gradient(objective, FullStrategy(), module, rollout, advantages, module.grpo.micro_batch_size)
-        count(("full", 1), stats)
-        seconds[("full", 1)] += t
+        count(("full", 1), stats, t)
         for key, strategy in estimators.items():
             g, stats, t = _gradient(objective, strategy, module, rollout, advantages, module.grpo.micro_batch_size)
             sums[key].add(g, f)
-            count(key, stats)
-            seconds[key] += t
+            count(key, stats, t)
         progress(f"rollout {i + 1}/{args.n_rollouts}, {time.perf_counter() - start:.0f} s")
-    rows = []
-    for key in work:
-        rows.append({"strategy": key[0], "window": key[1], **{f"{name}_per_rollout": v for name, v in work[key].items()},
-                     "gradient_s_per_rollout": seconds[key] / args.n_rollouts,
-                     **(bias_summary(sums[key]) if key in sums else {})})
-    return {
-        "command": command_line(args),
-        "args": asdict(args),
-        "setting": {"sampler": dict(cfg.sampler), "grpo_train_fraction": cfg.grpo.train_fraction,
-                    "trained_steps": list(objective.trained_steps), "samples_per_rollout": data.samples_per_step,
-                    "policy": dict(cfg.policy)},
-        "machine": machine(args.device),
-        "wall_s": time.perf_counter() - start,
-        "no_bias_z": 1.0,
-        "rows": rows,
-    }
+        if partial is not None and i + 1 >= 4 and i + 1 < args.n_rollouts:
+            partial(report(i + 1))
+    return report(args.n_rollouts)
+
+
+def write_report(report: dict, out: str) -> None:
+    """Write atomically: a reader never sees half a file, and an interrupted run leaves its last
+    complete partial report."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
 
 
 COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("backward_items_per_rollout", "backward items", "{:.1f}"),
@@ -214,10 +226,10 @@ def _main(args: BiasArgs) -> int:
     except ValueError as err:
         sys.stderr.write(f"bias: {err}\n")
         return 2
-    report = bench_bias(args, progress=lambda line: sys.stderr.write(line + "\n"), setting=setting)
+    report = bench_bias(args, progress=lambda line: sys.stderr.write(line + "\n"), setting=setting,
+                        partial=(lambda r: write_report(r, args.out)) if args.out else None)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, args.out)
     z_full = report["rows"][1]["z_full"] if len(report["rows"]) > 1 else float("nan")
     sys.stdout.write(f"{args.n_rollouts} rollouts in {report['wall_s']:.0f} s; z of the mean full gradient itself: {z_full:.2f}\n")
     sys.stdout.write(table(report) + "\n")

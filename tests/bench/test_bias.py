@@ -26,7 +26,7 @@ def test_bias_report_has_every_column(tmp_path):
     for name in ("jagg", "jagg_cv", "jagg_routed"):
         assert all(key in rows[name] for key in ("z", "halves_cosine", "bias_over_mean_full", "mean_cosine", "rel_error"))
     assert report["command"].startswith("python -m jagg_lab.bench bias") and "n_rollouts=4" in report["command"]
-    assert report["no_bias_z"] == 1.0 and report["rows"][0]["window"] == 1
+    assert report["no_bias_z"] == 1.0 and report["rows"][0]["window"] == 1 and report["rollouts_done"] == 4
 
 
 @pytest.mark.parametrize("argv, key", [
