@@ -79,7 +79,7 @@ def compare_arms(args: Args) -> None:
             run_dir = out / f"{arm.replace('+', '_')}_seed{seed}"
             steps_cap = [] if args.max_steps is None else [f"trainer.max_steps={args.max_steps}"]
             run(["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}", f"trainer.max_time={budget}",
-                 *steps_cap, f"hydra.run.dir={run_dir}", *extra, *args.overrides])
+                 "heldout.n_samples=0", *steps_cap, f"hydra.run.dir={run_dir}", *extra, *args.overrides])
             with open(run_dir / "metrics.csv") as f:
                 steps = sum(1 for _ in csv.DictReader(f))
             for ckpt in sorted((run_dir / "checkpoints").glob("step_*.ckpt")):

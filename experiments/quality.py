@@ -123,7 +123,7 @@ def train(args: Args, experiment: str, sweep_dir: Path) -> list[Path]:
     """Every seed of one experiment in one Hydra multirun; returns the run directories."""
     cmd = [sys.executable, "-m", "jagg_lab.train", "--multirun", f"+experiment={experiment}",
            "seed=" + ",".join(map(str, args.seeds)), f"trainer.max_steps={args.steps}",
-           f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=seed${seed}"]
+           "heldout.n_samples=0", f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=seed${seed}"]
     if experiment != "full" and args.diagnose_every:
         cmd.append(f"strategy.diagnose_every={args.diagnose_every}")
     if args.launcher:

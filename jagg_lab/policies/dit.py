@@ -39,6 +39,9 @@ class DiTConfig:
     min_noise_level: float = 0.05  # s is clamped here when converting an x-prediction to v
 
     def __post_init__(self) -> None:
+        for key in ("resolution", "channels", "patch_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"policy.{key} must be >= 1, got {getattr(self, key)}")
         if self.resolution % self.patch_size:
             raise ValueError(
                 f"policy.resolution ({self.resolution}) must be divisible by policy.patch_size ({self.patch_size})"

@@ -1,0 +1,87 @@
+"""The end-of-run summary: steps, time, the training-reward trend, the held-out gain over the
+base, where the policy and checkpoints are and the next command to run. Logged (console and
+train.log) and written to RUN_DIR/summary.json by `jagg_lab.train` once `fit` returns."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from jagg_lab.callbacks.heldout import HeldoutEval
+
+__all__ = ["RunSummary"]
+
+log = logging.getLogger(__name__)
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if math.isfinite(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+class RunSummary(Callback):
+    """Collects the training reward of every rollout (rank 0); `report` writes the summary."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.rewards: list[float] = []
+        self.start_step = 0
+        self._t0 = time.monotonic()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start_step, self._t0 = trainer.global_step, time.monotonic()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        self.rewards.append(float(trainer.callback_metrics.get("reward", math.nan)))
+
+    def report(self, trainer: L.Trainer, heldout: HeldoutEval, overrides: list[str], interrupted: str | None) -> dict:
+        """The summary as a dict (also logged and written to summary.json). overrides: the run's
+        command-line overrides, for the resume command; interrupted: the signal's name, if any."""
+        run, steps = self.run_dir, trainer.global_step
+        seconds = time.monotonic() - self._t0
+        tail = max(1, math.ceil(len(self.rewards) / 10))
+        summary = {
+            "steps": steps, "steps_this_run": steps - self.start_step, "time_s": round(seconds, 1),
+            "reward_first": _mean(self.rewards[:tail]), "reward_last": _mean(self.rewards[-tail:]), "reward_window": tail,
+            "interrupted": interrupted, "policy": str(run / "policy.safetensors"), "checkpoints": str(run / "checkpoints"),
+        }
+        lines = [f"{'interrupted' if interrupted else 'finished'} after {steps} steps "
+                 f"({summary['steps_this_run']} in this run, {timedelta(seconds=round(seconds))})",
+                 f"training reward (mean of the first / last {tail} rollouts): "
+                 f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}"]
+        if heldout.enabled and heldout.latest is not None and heldout.latest.get("gain"):
+            latest, gain = heldout.latest, heldout.latest["gain"]
+            summary["heldout"] = {"n_samples": heldout.n_samples, "step": latest["step"],
+                                  "base": {k: heldout.base[k] for k in ("strict_accuracy", "dense_score")},
+                                  "final": {k: latest[k] for k in ("strict_accuracy", "dense_score")},
+                                  **{k: v for k, v in gain.items() if k != "per_category"},
+                                  "best_step": heldout.best[1], "best_" + heldout.metric: heldout.best[0]}
+            lines.append(f"held-out at step {latest['step']} (n={heldout.n_samples}, paired with the base): "
+                         f"dense {heldout.base['dense_score']:.3f} -> {latest['dense_score']:.3f} "
+                         f"({gain['dense_gain']:+.3f} ± {gain['dense_gain_se']:.3f}), strict "
+                         f"{heldout.base['strict_accuracy']:.3f} -> {latest['strict_accuracy']:.3f} "
+                         f"({gain['strict_gain']:+.3f} ± {gain['strict_gain_se']:.3f})")
+            best = "checkpoints/best.ckpt" if heldout.best[1] > 0 and (run / "checkpoints" / "best.ckpt").exists() else "the base"
+            lines.append(f"best held-out {heldout.metric}: {heldout.best[0]:.3f} at step {heldout.best[1]} ({best})")
+        elif heldout.enabled:
+            lines.append("held-out: no final evaluation (interrupted)")
+        lines.append(f"policy: {summary['policy']}; checkpoints: {summary['checkpoints']}/")
+        if interrupted:
+            kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
+            resume = ["python", "-m", "jagg_lab.train", *kept, f"resume={run / 'checkpoints' / 'last.ckpt'}",
+                      "hydra.run.dir=NEW_DIR"]
+            summary["next"] = " ".join(shlex.quote(a) for a in resume[:-1]) + " " + resume[-1]
+        else:
+            summary["next"] = f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} n_samples=512 seed=1"
+        lines.append(f"next: {summary['next']}")
+        for line in lines:
+            log.info("summary: %s", line)
+        (run / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        return summary

@@ -1,0 +1,72 @@
+"""Checks of the training config that no constructor of ours makes: missing values, the
+top-level and trainer keys, and the optimizer (torch's, built once on a dummy parameter).
+Each raises ConfigError naming the key, before any model is built or file written."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from jagg_lab.rundir import ConfigError
+
+__all__ = ["check_missing", "check_run_settings", "check_optimizer"]
+
+# Words of torch.optim's errors -> the config key they are about.
+_OPTIMIZER_WORDS = {"learning rate": "lr", "epsilon": "eps", "beta": "betas", "weight_decay": "weight_decay",
+                    "momentum": "momentum", "dampening": "dampening"}
+
+
+def check_missing(cfg: DictConfig) -> None:
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"missing value for {', '.join(missing)} (set {missing[0]}=...)")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_run_settings(cfg: DictConfig, resume_state: dict | None) -> None:
+    """seed, sample_every, checkpoint_every, checkpoint_every_minutes, max_bad_steps and the
+    trainer's bounds: a run must have something to do, and an end."""
+    rules = {
+        "seed": _is_int(cfg.seed) and cfg.seed >= 0,
+        "sample_every": _is_int(cfg.sample_every) and cfg.sample_every >= 0,
+        "checkpoint_every": _is_int(cfg.checkpoint_every) and cfg.checkpoint_every >= 1,
+        "checkpoint_every_minutes": isinstance(cfg.checkpoint_every_minutes, (int, float)) and cfg.checkpoint_every_minutes >= 0,
+        "max_bad_steps": _is_int(cfg.max_bad_steps) and cfg.max_bad_steps >= 1,
+    }
+    for key, ok in rules.items():
+        if not ok:
+            raise ConfigError(f"{key} = {cfg[key]!r} is invalid (seed, sample_every, checkpoint_every_minutes >= 0; "
+                              "checkpoint_every, max_bad_steps >= 1)")
+    trainer = cfg.trainer
+    max_steps, max_time = trainer.get("max_steps", -1), trainer.get("max_time")
+    if not _is_int(max_steps) or max_steps == 0 or max_steps < -1:
+        raise ConfigError(f"trainer.max_steps must be >= 1 (or -1 with trainer.max_time), got {max_steps!r}")
+    if max_steps == -1 and max_time is None:
+        raise ConfigError("trainer.max_steps=-1 needs trainer.max_time (DD:HH:MM:SS): the run would never end")
+    max_epochs = trainer.get("max_epochs", -1)
+    if max_epochs is not None and (not _is_int(max_epochs) or max_epochs == 0 or max_epochs < -1):
+        raise ConfigError(f"trainer.max_epochs must be -1 (the prompt stream is endless) or >= 1, got {max_epochs!r}")
+    sanity = trainer.get("num_sanity_val_steps", 0)
+    if not _is_int(sanity) or sanity < -1:
+        raise ConfigError(f"trainer.num_sanity_val_steps must be >= -1, got {sanity!r}")
+    every = trainer.get("log_every_n_steps", 1)
+    if not _is_int(every) or every < 1:
+        raise ConfigError(f"trainer.log_every_n_steps must be >= 1, got {every!r}")
+    if resume_state is not None and max_steps != -1 and resume_state.get("global_step", 0) >= max_steps:
+        raise ConfigError(f"trainer.max_steps = {max_steps} leaves nothing to do: the checkpoint {cfg.resume} is "
+                          f"at step {resume_state['global_step']}")
+
+
+def check_optimizer(cfg: DictConfig, optimizer: Callable) -> None:
+    """Build the (partial) optimizer on one dummy parameter, so torch's checks run now."""
+    try:
+        optimizer([torch.nn.Parameter(torch.zeros(1))])
+    except (ValueError, TypeError) as err:
+        text = str(err).lower()
+        keys = [key for word, key in _OPTIMIZER_WORDS.items() if word in text and key in cfg.optimizer]
+        named = f"optimizer.{keys[0]}" if keys else "optimizer"
+        raise ConfigError(f"{named}: {err}") from err
