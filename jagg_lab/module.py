@@ -7,10 +7,8 @@ and gradient phase in `grpo.objective`); this module holds the Lightning wiring:
 optimizer and EMA, checkpoints, logging. Manual optimization, because GRPO takes several
 optimizer steps per batch and the strategy, not Lightning, runs the backward passes.
 
-Across processes (Lightning DDP), every rank sees the same prompts and samples its own
-contiguous rows of the global batch with its own noise; rewards are gathered so that
-advantages are computed over whole groups; the strategy's backward passes run outside
-DDP's reducer and the accumulated gradients are all-reduced once per optimizer step.
+Across processes (DDP, or FSDP through `jagg_lab.sharding`) see `jagg_lab.processes`: each
+rank samples its own rows, advantages cover whole groups, gradients are reduced once per step.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ from typing import Callable
 
 import lightning as L
 import torch
-import torchvision
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
@@ -33,8 +30,9 @@ from jagg_lab.policies.base import guided_velocity_fn
 from jagg_lab.policies.reference import AdaptersOff, reference_policy
 from jagg_lab.rewards.base import Reward, check_scores
 from jagg_lab.sampling import SDESampler, sde_rollout, shard_noise
+from jagg_lab.processes import ProcessWiring
+from jagg_lab.sharding import export_weights, gather_for_passes, memory_mib
 from jagg_lab.strategies import BackwardStats, GradientStrategy
-from jagg_lab.strategies.core import flat_grad
 from jagg_lab.types import Rollout
 
 __all__ = ["GRPOModule", "AdaptersOff"]
@@ -44,7 +42,7 @@ log = logging.getLogger(__name__)
 _SUMMED = set(BackwardStats.__dataclass_fields__) - {"loss"}
 
 
-class GRPOModule(L.LightningModule):
+class GRPOModule(ProcessWiring, L.LightningModule):
     """policy: a VelocityPolicy. sampler: SDESampler. reward: a Reward. strategy: a
     GradientStrategy. grpo: GRPOConfig. optimizer: a partial optimizer (params -> Optimizer).
     group_size: samples per prompt. seed: drives rollout noise (per step, so resume is exact).
@@ -78,30 +76,6 @@ class GRPOModule(L.LightningModule):
 
     def configure_optimizers(self):
         return self.optimizer_factory(self.trainable_parameters())
-
-    # ---- processes ---------------------------------------------------------------
-    @property
-    def shard(self) -> tuple[int, int]:
-        """(rank, world_size) of this process; (0, 1) outside a distributed trainer."""
-        trainer = self._trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-
-    def gather_rows(self, local: torch.Tensor) -> torch.Tensor:
-        """Every rank's rows of a batch, concatenated in global row order."""
-        if self.shard[1] == 1:
-            return local
-        return self.all_gather(local.contiguous()).flatten(0, 1)
-
-    def sync_gradients(self) -> None:
-        """Sum the accumulated gradients over ranks: the one collective of an optimizer step.
-        Each rank's micro-batches were scaled by their share of the global batch, so the sum
-        is the gradient of the global mean loss."""
-        if self.shard[1] == 1:
-            return
-        params = self.trainable_parameters()
-        flat = self.trainer.strategy.reduce(flat_grad(params), reduce_op="sum")
-        for p, grad in zip(params, flat.split([p.numel() for p in params])):
-            p.grad = grad.view_as(p)
 
     # ---- stages --------------------------------------------------------------------
     def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout:
@@ -140,6 +114,7 @@ class GRPOModule(L.LightningModule):
         """The strategy over the micro-batches of `chunk` (this rank's rows of an optimizer
         step's `chunk_size` samples); returns summed stats and their counts."""
         self.policy.train()
+        gather_for_passes(self.policy)  # FSDP: the one all-gather; the passes communicate nothing
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
         for idx in chunk.split(self.grpo.micro_batch_size):
@@ -202,7 +177,7 @@ class GRPOModule(L.LightningModule):
             rewards = torch.nan_to_num(rewards, nan=0.0, posinf=0.0, neginf=0.0)
         advantages = self.advantages(rewards, group_ids)
         component_means = {k: self.gather_rows(v.float().to(self.device)).nanmean().item() for k, v in components.items() if k != "reward"}
-        self.maybe_save_grid(images)
+        self.maybe_save_grid(images, rewards)
 
         # The permutation is over the global batch, so optimizer steps hold the same samples
         # whatever the number of processes; each rank trains its own rows of each.
@@ -237,24 +212,20 @@ class GRPOModule(L.LightningModule):
                 )
         self.rollouts_done += 1
 
-    def maybe_save_grid(self, images: torch.Tensor) -> None:
-        """Every sample_every rollouts, the first 64 samples of the global batch as a PNG (rank 0)."""
-        if not (self.sample_every and self.run_dir) or self.rollouts_done % self.sample_every:
-            return
-        images = self.gather_rows(images.float())
-        if self._trainer is not None and not self._trainer.is_global_zero:
-            return
-        out = self.run_dir / "samples"
-        out.mkdir(parents=True, exist_ok=True)
-        torchvision.utils.save_image(images[:64].cpu(), out / f"step_{self.global_step:06d}.png", nrow=self.group_size)
+    def maybe_save_grid(self, images: torch.Tensor, rewards: torch.Tensor) -> None:
+        """Every sample_every rollouts, leave the global batch's images and rewards for the
+        SampleGrids callback to draw (gathered on every rank: a collective)."""
+        due = self.sample_every and self.run_dir and self.rollouts_done % self.sample_every == 0
+        self.grid_samples = (self.gather_rows(images.float()).cpu(), rewards.cpu()) if due else None
 
     def on_train_end(self) -> None:
-        """Export the trained weights (and the EMA's) where `jagg_lab.evaluate checkpoint=` reads them."""
-        if not (self.run_dir and hasattr(self.policy, "save")) or (self._trainer is not None and not self._trainer.is_global_zero):
-            return
-        self.policy.save(self.run_dir / "policy.safetensors")
-        if self.ema is not None:
-            self.ema.module.save(self.run_dir / "policy_ema.safetensors")
+        """Export the trained weights (and the EMA's), whole, where `jagg_lab.evaluate checkpoint=`
+        reads them; under FSDP every rank helps gather them. Logs this rank's memory."""
+        log.info("rank %d holds (MiB): %s", self.shard[0], memory_mib(self.trainable_parameters(), self.optimizers().optimizer))
+        if self.run_dir and hasattr(self.policy, "save"):
+            export_weights(self.policy, self.run_dir / "policy.safetensors")
+            if self.ema is not None:
+                export_weights(self.ema.module, self.run_dir / "policy_ema.safetensors")
 
     # ---- exact resume: counters that are not parameters ------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

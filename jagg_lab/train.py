@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -23,12 +24,16 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, quiet_third_party
 from jagg_lab.checkpointing import AtomicCheckpointIO
+from jagg_lab.checks import check_missing, check_optimizer, check_run_settings
 from jagg_lab.module import GRPOModule
-from jagg_lab.rundir import ConfigError, check_fresh_run_dir, run_logger
+from jagg_lab.rundir import ConfigError, check_fresh_run_dir, remove_run_outputs, run_logger
+from jagg_lab.sharding import read_sharded_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +72,9 @@ def check_world_size(cfg: DictConfig, samples_per_step: int) -> None:
         )
 
 
-def _instantiate(cfg: DictConfig, key: str):
+def _instantiate(cfg: DictConfig, key: str, **kwargs):
     try:
-        return instantiate(cfg[key])
+        return instantiate(cfg[key], **kwargs)
     except InstantiationException as err:
         cause = err.__cause__ or err
         raise ConfigError(f"{key}: {cause}") from err
@@ -80,7 +85,10 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     owner = is_launch_process()
     if owner:
         check_fresh_run_dir(run_dir)
-    resume_state = read_checkpoint(cfg.resume) if cfg.resume is not None else None
+    check_missing(cfg)
+    resume_state = (None if cfg.resume is None else read_sharded_checkpoint(cfg.resume) if Path(cfg.resume).is_dir()
+                    else read_checkpoint(cfg.resume))  # a directory: sharded (trainer=fsdp)
+    check_run_settings(cfg, resume_state)
     sampler = _instantiate(cfg, "sampler")
     grpo = _instantiate(cfg, "grpo")
     strategy = _instantiate(cfg, "strategy")
@@ -94,6 +102,13 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     if resume_state is not None:
         data.start_index = resume_state["rollouts_done"]
     optimizer = _instantiate(cfg, "optimizer")
+    check_optimizer(cfg, optimizer)
+    heldout = _instantiate(cfg, "heldout", run_dir=str(run_dir))
+    if heldout.enabled and not str(cfg.policy.get("_target_", "")).endswith("DiTPolicy"):
+        log.info("held-out evaluation off: it scores the shapes world, which %s does not draw", cfg.policy._target_)
+        heldout.n_samples = 0
+    progress = _instantiate(cfg, "progress")
+    loggers = [_instantiate(cfg, "logger", save_dir=str(run_dir))] if cfg.get("logger") else []
     reward = _instantiate(cfg, "reward")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     policy = _instantiate(cfg, "policy")
@@ -115,8 +130,11 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
         dirpath=run_dir / "checkpoints", filename="step_{step:06d}", auto_insert_metric_name=False,
         every_n_train_steps=cfg.checkpoint_every, save_last=True, save_top_k=-1,
     )
+    # In this order: the summary's clock counts the base's held-out evaluation, the progress rate does not.
+    callbacks = [RunSummary(run_dir), SafeStop(checkpoints.dirpath, cfg.checkpoint_every_minutes), heldout, progress,
+                 SampleGrids(run_dir), checkpoints]
     logger = run_logger(run_dir, flush_logs_every_n_steps=1)
-    trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpoints], default_root_dir=str(run_dir),
+    trainer = instantiate(cfg.trainer, logger=[logger, *loggers], callbacks=callbacks, default_root_dir=str(run_dir),
                           plugins=[AtomicCheckpointIO()])
     return module, data, trainer
 
@@ -124,19 +142,39 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    owner = is_launch_process()
+    quiet_third_party()
+    earlier = set(os.listdir(run_dir)) if run_dir.is_dir() else set()  # never removed: maybe another run's
     try:
         module, data, trainer = build(cfg, run_dir)
-    except (ConfigError, FileNotFoundError) as err:
+    except BaseException as err:
+        if owner:
+            remove_run_outputs(run_dir, keep=earlier)  # Hydra made the directory before the config was checked
+        if not isinstance(err, (ConfigError, FileNotFoundError)):
+            raise
         log.error("invalid configuration: %s", err)
-        if run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # Hydra made it before the config was checked; leave no trace
         sys.exit(f"jagg_lab.train: invalid configuration: {err}")
-    if is_launch_process():
+    if owner:
         handler = logging.FileHandler(run_dir / "train.log")
         handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
         logging.getLogger().addHandler(handler)
+        quiet_third_party()  # and the new handler
+        for logger in trainer.loggers:
+            if not isinstance(logger, CSVLogger):  # config.yaml is the CSV run's record
+                logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     log.info("run directory: %s", run_dir)
-    trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
+    summary, stop, heldout = (next(c for c in trainer.callbacks if isinstance(c, kind)) for kind in (RunSummary, SafeStop, HeldoutEval))
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
+    except BaseException:
+        if owner and not summary.rewards:
+            remove_run_outputs(run_dir, keep=earlier)  # failed before its first step: nothing worth keeping
+        raise
+    interrupted = signal.Signals(stop.signal).name if stop.signal is not None else None
+    if owner:
+        summary.report(trainer, heldout, list(HydraConfig.get().overrides.task), interrupted)
+    if interrupted:
+        sys.exit(128 + stop.signal)  # the shell's convention for a process ended by a signal
 
 
 if __name__ == "__main__":

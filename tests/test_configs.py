@@ -20,7 +20,7 @@ SHRINK = {("policy", "sd3_random"): ["policy.num_layers=1", "policy.resolution=6
                                      "policy.text_length=8"]}
 GPU_EXPERIMENTS = {"sd35m_jagg_w4"}
 # Options that need a GPU: without one, Lightning must refuse them when the trainer is built.
-NEEDS_GPU = {("trainer", "ddp")}
+NEEDS_GPU = {("trainer", "ddp"), ("trainer", "fsdp")}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])

@@ -94,13 +94,20 @@ class DiTPolicy(nn.Module):
     def forward(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         return self.dit(x, s, cond)
 
+    def shard_modules(self) -> list[nn.Module]:
+        """What FSDP shards, one unit each, inner ones first (`jagg_lab.sharding`): every DiT
+        block, the rest of the DiT, the text encoder."""
+        return [*self.dit.blocks, self.dit, self.text_encoder]
+
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Samples in [-1, 1] -> images (B, 3, H, W) in [0, 1]."""
         return ((x.float().clamp(-1, 1) + 1) / 2)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the weights (`state`: these instead of `state_dict()`, e.g. a sharded policy's gathered ones)."""
         meta = {"config": json.dumps(self.config.to_dict()), "size": self.size}
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path), metadata=meta)
+        state = self.state_dict() if state is None else state
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata=meta)
 
     def load(self, path: Path) -> None:
         if not path.is_file():

@@ -227,7 +227,13 @@ class DiffusersPolicy(nn.Module):
     # ---- the policy protocol -----------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
+        """Where the transformer computes: its weights' device, or for weights sharded over a GPU
+        mesh (`trainer=fsdp`, perhaps offloaded to host memory) this process's GPU."""
+        weight = next(self.transformer.parameters())
+        mesh = getattr(weight, "device_mesh", None)
+        if mesh is None or mesh.device_type == "cpu":
+            return weight.device
+        return torch.device(mesh.device_type, torch.get_device_module(mesh.device_type).current_device())
 
     @property
     def vae(self) -> nn.Module | None:
@@ -249,6 +255,12 @@ class DiffusersPolicy(nn.Module):
         with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=autocast):
             out = self.adapter.velocity(self.transformer, x, s, embeds, pooled)
         return out.to(x.dtype)
+
+    def shard_modules(self) -> list[nn.Module]:
+        """What FSDP shards, one unit each, inner ones first (`jagg_lab.sharding`): every transformer
+        block (FLUX: the double- and the single-stream ones), then the rest of the transformer."""
+        blocks = [*getattr(self.transformer, "transformer_blocks", ()), *getattr(self.transformer, "single_transformer_blocks", ())]
+        return [*blocks, self.transformer]
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:
