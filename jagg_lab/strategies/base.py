@@ -110,13 +110,28 @@ class GradientStrategy(ABC):
 
 class WindowedStrategy(GradientStrategy):
     """A strategy that works window by window over the trained steps, `window` steps each
-    (a shorter leftover window closes the list); diagnostics compare window by window."""
+    (a shorter leftover window closes the list); diagnostics compare window by window.
+    seed: a strategy that draws (which steps to train or correct) passes one and draws from
+    `self.generator`; its state is part of `state_dict`, so a resumed run draws what it would
+    have. Strategies that draw nothing keep no generator (None)."""
 
-    def __init__(self, window: int = 4, diagnose_every: int = 0):
+    def __init__(self, window: int = 4, diagnose_every: int = 0, seed: int | None = None):
         super().__init__(diagnose_every=diagnose_every)
         if window < 1:
             raise ValueError(f"strategy.window must be >= 1, got {window}")
+        if seed is not None and seed < 0:
+            raise ValueError(f"strategy.seed must be >= 0, got {seed}")
         self.window = window
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        return state if self.generator is None else {**state, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
 
     def windows(self, num_steps: int) -> list[list[int]]:
         return partition_windows(num_steps, self.window)

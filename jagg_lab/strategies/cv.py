@@ -134,7 +134,7 @@ class JaggCVStrategy(WindowedStrategy):
 
     def __init__(self, window: int = 4, mode: str = "cached", correct_prob: float = 1.0, proposal: str = "uniform",
                  seed: int = 0, max_pass_items: int | None = None, diagnose_every: int = 0):
-        super().__init__(window=window, diagnose_every=diagnose_every)
+        super().__init__(window=window, diagnose_every=diagnose_every, seed=seed)
         check_mode(mode)
         check_pass_items(max_pass_items)
         self.max_pass_items = max_pass_items
@@ -143,14 +143,6 @@ class JaggCVStrategy(WindowedStrategy):
         if proposal not in PROPOSALS:
             raise ValueError(f"strategy.proposal must be one of {PROPOSALS}, got {proposal!r}")
         self.mode, self.correct_prob, self.proposal = mode, correct_prob, proposal
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.generator.set_state(state["generator"])
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
         mode, fallbacks = effective_mode(self.mode, on_policy)

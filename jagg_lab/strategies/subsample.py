@@ -19,21 +19,13 @@ class SubsampleStrategy(WindowedStrategy):
     "random" draws them (seeded). Each chosen step's loss is scaled by len(window) / chosen."""
 
     def __init__(self, window: int = 4, per_window: int = 2, choice: str = "random", seed: int = 0, diagnose_every: int = 0):
-        super().__init__(diagnose_every=diagnose_every, window=window)
+        super().__init__(diagnose_every=diagnose_every, window=window, seed=seed)
         if per_window < 1:
             raise ValueError(f"strategy.per_window must be >= 1, got {per_window}")
         if choice not in ("fixed", "random"):
             raise ValueError(f"strategy.choice must be 'fixed' or 'random', got {choice!r}")
         self.per_window = per_window
         self.choice = choice
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.generator.set_state(state["generator"])
 
     def choose(self, steps: list[int]) -> list[int]:
         if len(steps) <= self.per_window:
