@@ -305,6 +305,8 @@ def load_feature_net(path: str | Path = DEFAULT_PATH, device: str | torch.device
 
 @dataclass
 class FeatureTrainArgs:
+    """Train the shapes feature network that FID/KID measure distances in, and save it."""
+
     out: str = str(DEFAULT_PATH)
     steps: int = 2500
     batch_size: int = 128
@@ -313,17 +315,8 @@ class FeatureTrainArgs:
     threads: int = 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
+def _train(args: FeatureTrainArgs) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FeatureTrainArgs), OmegaConf.from_cli(argv)))
-    except OmegaConfBaseException as err:
-        sys.stderr.write(f"jagg_lab.worlds.shapes.features: {err}\n")
-        return 2
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     net = train_feature_net(args.steps, args.batch_size, args.seed, args.lr)
@@ -334,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(f"saved {path} ({path.stat().st_size / 1024:.0f} KiB) after {args.steps} steps in {seconds:.0f} s\n")
     sys.stdout.write(f"held-out attribute accuracy: {json.dumps(acc)}\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`key=value ...` (see --help); exit status 2 for a bad key, before any training."""
+    from jagg_lab import cli  # the command line only
+
+    return cli.run(_train, FeatureTrainArgs, "python -m jagg_lab.worlds.shapes.features", argv)
 
 
 if __name__ == "__main__":
