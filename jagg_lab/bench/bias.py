@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jagg_lab import cli
 from jagg_lab.bench.common import check_device, machine
+from jagg_lab.bench.report import markdown_table
 from jagg_lab.grpo import GRPOObjective
 from jagg_lab.module import GRPOModule
 from jagg_lab.rewards.base import check_scores
@@ -214,10 +215,7 @@ COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("backward_ite
 
 
 def table(report: dict) -> str:
-    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in report["rows"]:
-        lines.append("| " + " | ".join(fmt.format(row[key]) if key in row else "-" for key, _, fmt in COLUMNS) + " |")
-    return "\n".join(lines)
+    return markdown_table(report["rows"], COLUMNS)
 
 
 def _main(args: BiasArgs) -> int:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["strategies_table", "write_strategies", "SPEED_COLUMNS", "speed_table", "write_speed"]
+__all__ = ["markdown_table", "strategies_table", "write_strategies", "SPEED_COLUMNS", "speed_table", "write_speed"]
 
 
 # ---- `strategies` ------------------------------------------------------------------------
@@ -47,11 +47,16 @@ SPEED_COLUMNS = [("size", "size", "{}"), ("resolution", "res", "{}"), ("strategy
                  ("peak_memory_mib", "gradient peak memory (MiB)", "{:.1f}"), ("weights", "weights", "{}")]
 
 
-def speed_table(report: dict) -> str:
-    lines = ["| " + " | ".join(title for _, title, _ in SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
-    for row in report["rows"]:
-        lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in SPEED_COLUMNS) + " |")
+def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """rows as a markdown table of `columns` (row key, title, format); "-" where a row has no value."""
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join("-" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns) + " |")
     return "\n".join(lines)
+
+
+def speed_table(report: dict) -> str:
+    return markdown_table(report["rows"], SPEED_COLUMNS)
 
 
 def write_speed(report: dict, out: str) -> None:
