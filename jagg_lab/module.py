@@ -32,15 +32,13 @@ from jagg_lab.rewards.base import Reward, check_scores
 from jagg_lab.sampling import SDESampler, sde_rollout, shard_noise
 from jagg_lab.processes import ProcessWiring
 from jagg_lab.sharding import export_weights, gather_for_passes, memory_mib
-from jagg_lab.strategies import BackwardStats, GradientStrategy
+from jagg_lab.strategies import GradientStrategy
+from jagg_lab.strategies.core import combine_stats
 from jagg_lab.types import Rollout
 
 __all__ = ["GRPOModule", "AdaptersOff"]
 
 log = logging.getLogger(__name__)
-
-_SUMMED = set(BackwardStats.__dataclass_fields__) - {"loss"}
-
 
 class GRPOModule(ProcessWiring, L.LightningModule):
     """policy: a VelocityPolicy. sampler: SDESampler. reward: a Reward. strategy: a
@@ -110,18 +108,13 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         return stats
 
     def accumulate_gradients(self, rollout: Rollout, advantages: torch.Tensor, chunk: torch.Tensor, on_policy: bool,
-                             chunk_size: int) -> tuple[dict[str, float], dict[str, int]]:
+                             chunk_size: int) -> dict[str, float]:
         """The strategy over the micro-batches of `chunk` (this rank's rows of an optimizer
-        step's `chunk_size` samples); returns summed stats and their counts."""
+        step's `chunk_size` samples); returns their stats combined (`combine_stats`)."""
         self.policy.train()
         gather_for_passes(self.policy)  # FSDP: the one all-gather; the passes communicate nothing
-        totals: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for idx in chunk.split(self.grpo.micro_batch_size):
-            for key, value in self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy).items():
-                totals[key] = totals.get(key, 0.0) + value
-                counts[key] = counts.get(key, 0) + 1
-        return totals, counts
+        return combine_stats([self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy)
+                              for idx in chunk.split(self.grpo.micro_batch_size)])
 
     def step_means(self) -> dict[str, float]:
         """The optimizer step's loss statistics, averaged over every rank's micro-batches."""
@@ -186,9 +179,9 @@ class GRPOModule(ProcessWiring, L.LightningModule):
             t3 = time.perf_counter()
             local = chunk[(chunk >= rows.start) & (chunk < rows.stop)] - rows.start
             # The first optimizer step on a rollout is on-policy; later ones see moved parameters.
-            totals, counts = ({}, {})
+            totals = {}
             if finite_rewards:
-                totals, counts = self.accumulate_gradients(rollout, advantages[rows], local, on_policy=(j == 0), chunk_size=len(chunk))
+                totals = self.accumulate_gradients(rollout, advantages[rows], local, on_policy=(j == 0), chunk_size=len(chunk))
             grad_norm = self.apply_update(opt, finite_rewards)
             t4 = time.perf_counter()
             means = self.step_means() if finite_rewards else {name: math.nan for name in self.step_metrics}
@@ -199,7 +192,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                 "lr": opt.param_groups[0]["lr"], "skipped_steps": self.skipped_steps,
             }
             row.update({f"reward_{k}": v for k, v in component_means.items() if math.isfinite(v)})
-            row.update({k: (v if k in _SUMMED else v / counts[k]) for k, v in totals.items() if k != "loss"})
+            row.update({k: v for k, v in totals.items() if k != "loss"})
             for metric in self.step_metrics.values():
                 metric.reset()
             for logger in self.loggers:

@@ -27,9 +27,8 @@ from hydra.utils import instantiate
 from omegaconf.errors import OmegaConfBaseException
 
 from jagg_lab import cli
-from jagg_lab.bench.common import check_device, machine
+from jagg_lab.bench.common import check_device, gradient_phase, machine
 from jagg_lab.bench.report import markdown_table
-from jagg_lab.grpo import GRPOObjective
 from jagg_lab.module import GRPOModule
 from jagg_lab.rewards.base import check_scores
 from jagg_lab.strategies import (
@@ -110,24 +109,14 @@ def _setting(args: BiasArgs):
     return cfg, module, data
 
 
-def _gradient(objective: GRPOObjective, strategy: GradientStrategy, module: GRPOModule, rollout, advantages,
-              micro_batch_size: int) -> tuple[torch.Tensor, dict, float]:
-    """The gradient a training step accumulates over its micro-batches, from zero; the work
-    counts summed over micro-batches (the routed share averaged); the seconds it took."""
-    params = module.trainable_parameters()
+def _gradient(strategy: GradientStrategy, module: GRPOModule, rollout, advantages, device: str) -> tuple[torch.Tensor, dict, float]:
+    """The gradient a training step accumulates over its micro-batches (grpo.micro_batch_size),
+    from zero; the strategy's stats; the seconds it took."""
+    seconds, stats = gradient_phase(module, strategy, rollout, advantages, device,
+                                    micro_batches=len(advantages) // module.grpo.micro_batch_size)
+    grad = flat_grad(module.trainable_parameters()).detach().clone()
     module.policy.zero_grad(set_to_none=True)
-    total, totals = len(advantages), {}
-    parts = torch.arange(total, device=advantages.device).split(micro_batch_size)
-    start = time.perf_counter()
-    for idx in parts:
-        stats, _ = objective.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total)
-        for key in COUNTED:
-            if key in stats:
-                totals[key] = totals.get(key, 0) + stats[key] / (len(parts) if key == "jagg_frac" else 1)
-    seconds = time.perf_counter() - start
-    grad = flat_grad(params).detach().clone()
-    module.policy.zero_grad(set_to_none=True)
-    return grad, totals, seconds
+    return grad, {key: stats[key] for key in COUNTED if key in stats}, seconds
 
 
 def command_line(args: BiasArgs) -> str:
@@ -185,10 +174,10 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
         group_ids = torch.arange(len(batch["prompts"]), device=args.device).repeat_interleave(data.group_size)
         advantages = module.advantages(rewards, group_ids)
         module.policy.train()
-        f, stats, t = _gradient(objective, FullStrategy(), module, rollout, advantages, module.grpo.micro_batch_size)
+        f, stats, t = _gradient(FullStrategy(), module, rollout, advantages, args.device)
         count(("full", 1), stats, t)
         for key, strategy in estimators.items():
-            g, stats, t = _gradient(objective, strategy, module, rollout, advantages, module.grpo.micro_batch_size)
+            g, stats, t = _gradient(strategy, module, rollout, advantages, args.device)
             sums[key].add(g, f)
             count(key, stats, t)
         progress(f"rollout {i + 1}/{args.n_rollouts}, {time.perf_counter() - start:.0f} s")

@@ -25,6 +25,7 @@ from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTConfig, DiTPolicy, fill_zer
 from jagg_lab.rewards.base import Reward, check_scores
 from jagg_lab.sampling import SDESampler
 from jagg_lab.strategies import FullStrategy, GradientStrategy
+from jagg_lab.strategies.core import combine_stats
 from jagg_lab.types import Rollout
 from jagg_lab.worlds.shapes import sample_prompt
 
@@ -110,21 +111,20 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
                    device: str, micro_batches: int = 1) -> tuple[float, dict]:
     """What a training step runs after its rollout, on-policy, from zeroed gradients (left in
     .grad): the whole batch in `micro_batches` micro-batches (1: one). Returns (seconds, the
-    strategy's stats summed over micro-batches)."""
+    strategy's stats combined over micro-batches: counts summed, the rest averaged)."""
     module.policy.train()
     module.policy.zero_grad(set_to_none=True)
     total = rollout.final.shape[0]
     params = module.trainable_parameters()
-    summed: dict = {}
+    parts = []
     sync(device)
     start = time.perf_counter()
     for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
         stats, _ = module.objective.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
                                              on_policy=True, params=params)
-        for key, value in stats.items():
-            summed[key] = value if key not in summed or not isinstance(value, (int, float)) else summed[key] + value
+        parts.append(stats)
     sync(device)
-    return time.perf_counter() - start, summed
+    return time.perf_counter() - start, combine_stats(parts)
 
 
 # ---- memory: what a phase needs, and what happens when it does not fit ----------------------

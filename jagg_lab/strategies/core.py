@@ -28,6 +28,8 @@ __all__ = [
     "Segment",
     "interpolate_backward",
     "check_pass_items",
+    "COUNTS",
+    "combine_stats",
 ]
 
 # Where a windowed strategy gets the velocities of steps it does not backpropagate through.
@@ -59,6 +61,22 @@ class BackwardStats:
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+# Stats that count work or windows: summed over micro-batches; every other stat (shares,
+# cosines, scores, positions) is averaged over the calls that report it.
+COUNTS = frozenset(BackwardStats.__dataclass_fields__) | {"corrected_windows", "backward_items_saved"}
+
+
+def combine_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The stats of several strategy calls (an optimizer step's micro-batches) as one."""
+    totals: dict[str, float] = {}
+    reports: dict[str, int] = {}
+    for stats in parts:
+        for key, value in stats.items():
+            totals[key] = totals.get(key, 0.0) + value
+            reports[key] = reports.get(key, 0) + 1
+    return {key: value if key in COUNTS else value / reports[key] for key, value in totals.items()}
 
 
 def noise_level_batch(s: float, like: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,13 @@ PROPOSALS = ("uniform", "bend")
 BEND_FLOOR = 0.2
 
 
+def check_draws(correct_prob: float, proposal: str) -> None:
+    if not 0 < correct_prob <= 1:
+        raise ValueError(f"strategy.correct_prob must be in (0, 1], got {correct_prob}")
+    if proposal not in PROPOSALS:
+        raise ValueError(f"strategy.proposal must be one of {PROPOSALS}, got {proposal!r}")
+
+
 def interior_probabilities(
     steps: Sequence[int],
     noise_levels: Sequence[float],
@@ -94,10 +101,7 @@ def jagg_cv_backward(
     if len(states) != len(noise_levels):
         raise ValueError(f"got {len(states)} states but {len(noise_levels)} noise levels")
     check_mode(mode, velocities)
-    if not 0 < correct_prob <= 1:
-        raise ValueError(f"correct_prob must be in (0, 1], got {correct_prob}")
-    if proposal not in PROPOSALS:
-        raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
+    check_draws(correct_prob, proposal)
     windows = partition_windows(len(states), window)
     if interior is not None and len(interior) != len(windows):
         raise ValueError(f"interior names {len(interior)} windows, but there are {len(windows)}")
@@ -107,16 +111,18 @@ def jagg_cv_backward(
         m = len(steps) - 2
         segment = Segment(steps[0], steps[-1])
         if m >= 1:
-            q = interior_probabilities(steps, noise_levels, velocities, proposal)
+            q = None  # the proposal, computed only for a window that is corrected
             if interior is not None:
                 choice = interior[w]
                 if choice is not None and not 0 <= choice < m:
                     raise ValueError(f"interior[{w}] = {choice} is not one of the window's {m} interior steps")
             elif torch.rand((), generator=generator).item() < correct_prob:
+                q = interior_probabilities(steps, noise_levels, velocities, proposal)
                 choice = int(torch.multinomial(q.float(), 1, generator=generator))
             else:
                 choice = None
             if choice is not None:
+                q = interior_probabilities(steps, noise_levels, velocities, proposal) if q is None else q
                 corrected += 1
                 segment = Segment(steps[0], steps[-1], correct=steps[1 + choice], weight=1.0 / (correct_prob * q[choice].item()))
         stats.add(interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, [segment], velocities=velocities,
@@ -137,11 +143,8 @@ class JaggCVStrategy(WindowedStrategy):
         super().__init__(window=window, diagnose_every=diagnose_every, seed=seed)
         check_mode(mode)
         check_pass_items(max_pass_items)
+        check_draws(correct_prob, proposal)
         self.max_pass_items = max_pass_items
-        if not 0 < correct_prob <= 1:
-            raise ValueError(f"strategy.correct_prob must be in (0, 1], got {correct_prob}")
-        if proposal not in PROPOSALS:
-            raise ValueError(f"strategy.proposal must be one of {PROPOSALS}, got {proposal!r}")
         self.mode, self.correct_prob, self.proposal = mode, correct_prob, proposal
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):

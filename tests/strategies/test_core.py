@@ -48,3 +48,12 @@ def test_bad_bounds_and_segments_name_the_key():
         Segment(3, 1)
     with pytest.raises(ValueError, match="interior"):
         Segment(0, 3, correct=3, weight=2.0)
+
+
+def test_micro_batch_stats_combine_counts_by_sum_and_the_rest_by_mean():
+    from jagg_lab.strategies.core import combine_stats
+
+    parts = [{"backward_items": 4, "corrected_windows": 1, "jagg_frac": 1.0, "knot_1": 3, "grad_cosine": 0.9},
+             {"backward_items": 5, "corrected_windows": 0, "jagg_frac": 0.0, "knot_1": 3}]
+    assert combine_stats(parts) == {"backward_items": 9, "corrected_windows": 1, "jagg_frac": 0.5, "knot_1": 3,
+                                    "grad_cosine": 0.9}
