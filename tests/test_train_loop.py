@@ -19,7 +19,8 @@ HELDOUT = ["heldout.n_samples=6", "heldout.num_steps=2", "heldout.every=1"]
 
 def test_tensorboard_heldout_and_summary(tmp_path):
     run = tmp_path / "run"
-    proc = train("trainer.max_steps=2", "sample_every=1", f"hydra.run.dir={run}", *SMALL, *HELDOUT)
+    proc = train("trainer.max_steps=2", "sample_every=1", f"hydra.run.dir={run}", *SMALL, *HELDOUT,
+                 "heldout.final_n_samples=7", "heldout.final_seed=3")
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
     events.Reload()
     tags = events.Tags()
@@ -32,6 +33,13 @@ def test_tensorboard_heldout_and_summary(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["heldout"]["n_samples"] == 6 and "dense_gain_se" in summary["heldout"]
     assert summary["next"].startswith("python -m jagg_lab.evaluate")
+    # the verdict: the final policy against the base on its own set, paired sample by sample
+    verdict = json.loads((run / "heldout_final.json").read_text())
+    assert verdict["step"] == 2 and verdict["final"]["args"]["n_samples"] == 7 and verdict["base"]["args"]["seed"] == 3
+    diffs = [a - b for a, b in zip(verdict["final"]["per_sample"]["dense"], verdict["base"]["per_sample"]["dense"])]
+    assert verdict["dense_gain"] == pytest.approx(sum(diffs) / 7)
+    assert summary["heldout_final"]["dense_gain"] == pytest.approx(verdict["dense_gain"]) and "held-out verdict" in proc.stderr + proc.stdout
+    assert "heldout_final/dense_gain" in tags["scalars"]
     log = (run / "train.log").read_text()
     assert "step 2/2 [" in log and "summary: next:" in log and "Epoch" not in proc.stdout + proc.stderr
     assert "Tip:" not in proc.stdout + proc.stderr and "manual optimization" not in proc.stdout + proc.stderr

@@ -9,12 +9,20 @@ steps and at the end, the policy is evaluated again, logged (`heldout.csv`, and 
 written to `checkpoints/best.ckpt` when it beats every earlier evaluation. With `stop_margin`,
 the run stops once the score falls that far below its best.
 
+With `final_n_samples`, the run ends with a verdict on a second, larger set (its own seed,
+`final_seed`, so the set that picked best.ckpt does not grade it): the final policy against the
+base on the same samples, in `heldout_final.json`, the loggers (`heldout_final/*`) and the
+summary. The base's scores on that set are evaluated at the start, unless a stored evaluation of
+the very same weights and settings ships with the package (the shipped base's does).
+
 The settings match `python -m jagg_lab.evaluate` (same defaults): with the same n_samples and
 seed, its evaluations see the same prompts and noise as these, and `args` says so.
 """
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -27,7 +35,9 @@ from jagg_lab.callbacks.interrupt import SafeStop
 from jagg_lab.evaluation import eval_prompts, paired_gain, sample_images, score_images
 from jagg_lab.sharding import FSDPStrategy
 
-__all__ = ["HeldoutEval"]
+__all__ = ["HeldoutEval", "policy_fingerprint", "stored_evaluation"]
+
+STORED = Path(__file__).resolve().parent.parent / "assets" / "heldout"  # stored evaluations of shipped policies
 
 log = logging.getLogger(__name__)
 
@@ -40,49 +50,59 @@ class HeldoutEval(Callback):
     seed, num_steps, guidance, shift, batch_size: as `python -m jagg_lab.evaluate` (ODE sampling).
     metric: what best.ckpt and the early stop follow: dense_score or strict_accuracy.
     stop_margin: stop once the metric is this far below its best (null = never).
+    final_n_samples: held-out samples of the end-of-run verdict (null = none beyond the periodic ones).
+    final_seed: the verdict's prompts and noise (a set apart from `seed`'s).
     run_dir: where heldout.csv and checkpoints/best.ckpt go."""
 
     def __init__(self, n_samples: int = 32, every: int = 50, seed: int = 1, num_steps: int = 20, guidance: float = 3.0,
                  shift: float = 1.0, batch_size: int = 64, metric: str = "dense_score", stop_margin: float | None = None,
-                 run_dir: str | Path | None = None):
+                 final_n_samples: int | None = None, final_seed: int = 2, run_dir: str | Path | None = None):
         checks = {"n_samples": n_samples >= 0, "every": every >= 0, "seed": seed >= 0, "num_steps": num_steps >= 1, "guidance": guidance >= 1,
                   "shift": shift > 0, "batch_size": batch_size >= 1, "metric": metric in METRICS,
-                  "stop_margin": stop_margin is None or stop_margin > 0}
+                  "stop_margin": stop_margin is None or stop_margin > 0,
+                  "final_n_samples": final_n_samples is None or final_n_samples >= 1, "final_seed": final_seed >= 0}
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
             values = dict(n_samples=n_samples, every=every, seed=seed, num_steps=num_steps, guidance=guidance, shift=shift,
-                          batch_size=batch_size, metric=metric, stop_margin=stop_margin)
+                          batch_size=batch_size, metric=metric, stop_margin=stop_margin,
+                          final_n_samples=final_n_samples, final_seed=final_seed)
             raise ValueError(", ".join(f"heldout.{key} = {values[key]!r} is invalid" for key in bad)
                              + " (n_samples, every, seed >= 0; num_steps, batch_size >= 1; guidance >= 1; shift > 0; "
-                             f"metric one of {METRICS}; stop_margin > 0 or null)")
+                             f"metric one of {METRICS}; stop_margin > 0 or null; final_n_samples >= 1 or null; final_seed >= 0)")
         self.n_samples, self.every, self.seed, self.metric, self.stop_margin = n_samples, every, seed, metric, stop_margin
         self.num_steps, self.guidance, self.shift, self.batch_size = num_steps, guidance, shift, batch_size
+        self.final_n_samples, self.final_seed = final_n_samples, final_seed
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.base: dict | None = None  # the base policy's evaluation
         self.best: tuple[float, int] | None = None  # (score, step); step 0 = the base
         self.latest: dict | None = None  # the last evaluation, with its step and gains
+        self.final_base: dict | None = None  # the base's evaluation on the verdict's set
+        self.verdict: dict | None = None  # the final policy's, with its step and gains
 
     @property
     def enabled(self) -> bool:
         return self.n_samples > 0
 
-    def args(self, policy) -> dict:
-        """The evaluation's settings, as `python -m jagg_lab.evaluate` records them."""
-        return {"source": "policy", "n_samples": self.n_samples, "seed": self.seed, "split": "heldout",
+    def args(self, policy, final: bool = False) -> dict:
+        """The evaluation's (or the verdict's) settings, as `python -m jagg_lab.evaluate` records them."""
+        n, seed = (self.final_n_samples, self.final_seed) if final else (self.n_samples, self.seed)
+        return {"source": "policy", "n_samples": n, "seed": seed, "split": "heldout",
                 "resolution": policy.sample_shape[-1], "num_steps": self.num_steps, "guidance": self.guidance,
                 "shift": self.shift, "noise_level": 0.0, "batch_size": self.batch_size}
 
-    def evaluate(self, policy) -> dict:
-        """Scores of `policy` on the held-out prompts; the global random state is left untouched,
-        so evaluating does not change training (exact resume holds whenever it runs)."""
-        prompts = eval_prompts(self.n_samples, self.seed)
+    def evaluate(self, policy, final: bool = False) -> dict:
+        """Scores of `policy` on the held-out prompts (the verdict's set if `final`); the global
+        random state is left untouched, so evaluating does not change training (exact resume
+        holds whenever it runs)."""
+        args = self.args(policy, final)
+        prompts = eval_prompts(args["n_samples"], args["seed"])
         training = policy.training
         policy.eval()
         with torch.random.fork_rng(devices=[]):
-            images = sample_images(policy, prompts, seed=self.seed, num_steps=self.num_steps, guidance=self.guidance,
+            images = sample_images(policy, prompts, seed=args["seed"], num_steps=self.num_steps, guidance=self.guidance,
                                    shift=self.shift, batch_size=self.batch_size)
         policy.train(training)
-        return {"args": self.args(policy), **score_images(images, prompts)}
+        return {"args": args, **score_images(images, prompts)}
 
     # ---- hooks -----------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -99,6 +119,14 @@ class HeldoutEval(Callback):
             self.base = self.evaluate(pl_module.policy)
             self._record(trainer, self.base, trainer.global_step)
         self.base = trainer.strategy.broadcast(self.base, src=0)
+        if self.final_n_samples and self.final_base is not None and self.final_base["args"] != self.args(pl_module.policy, True):
+            self.final_base = None  # the resumed run's verdict was on another set: no base for this one
+            log.warning("held-out verdict settings differ from the resumed run's: no final verdict against the base")
+        elif self.final_n_samples and self.final_base is None and trainer.global_step == 0 and trainer.is_global_zero:
+            self.final_base = stored_evaluation(pl_module.policy, self.args(pl_module.policy, True))
+            if self.final_base is None:
+                log.info("held-out verdict set (n=%d, seed %d): scoring the base", self.final_n_samples, self.final_seed)
+                self.final_base = self.evaluate(pl_module.policy, final=True)
         if self.best is None:
             self.best = (self.base[self.metric], trainer.global_step)
 
@@ -111,6 +139,24 @@ class HeldoutEval(Callback):
         interrupted = any(isinstance(c, SafeStop) and c.signal is not None for c in trainer.callbacks)
         if self.enabled and not interrupted and not done:  # an interrupted run ends at once
             self._check(trainer, pl_module)
+        if self.enabled and not interrupted and self.final_base is not None and trainer.is_global_zero:
+            self._verdict(trainer, pl_module)
+
+    def _verdict(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The final policy against the base on the verdict's set: heldout_final.json, loggers, console."""
+        result = self.evaluate(pl_module.policy, final=True)
+        gain = paired_gain(result, self.final_base)
+        self.verdict = {**result, "step": trainer.global_step, "gain": gain}
+        (self.run_dir / "heldout_final.json").write_text(json.dumps(
+            {"step": trainer.global_step, "final": result, "base": self.final_base,
+             **{k: v for k, v in gain.items() if k.endswith(("_gain", "_gain_se"))}}) + "\n")
+        for logger in trainer.loggers:
+            if not isinstance(logger, CSVLogger):
+                logger.log_metrics({f"heldout_final/{k}": v for k, v in gain.items() if isinstance(v, float)},
+                                   step=trainer.global_step)
+        log.info("held-out verdict (n=%d, seed %d) at step %d vs base: dense %+.3f ± %.3f, strict %+.3f ± %.3f",
+                 self.final_n_samples, self.final_seed, trainer.global_step, gain["dense_gain"], gain["dense_gain_se"],
+                 gain["strict_gain"], gain["strict_gain_se"])
 
     def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Evaluate (rank 0), then, on every rank: best.ckpt, early stop."""
@@ -151,9 +197,33 @@ class HeldoutEval(Callback):
 
     # ---- checkpoints: the base and the best survive a resume ---------------------------
     def state_dict(self) -> dict:
-        return {"base": self.base, "best": list(self.best) if self.best is not None else None}
+        return {"base": self.base, "best": list(self.best) if self.best is not None else None, "final_base": self.final_base}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.base = state_dict["base"]
         self.best = tuple(state_dict["best"]) if state_dict["best"] is not None else None
+        self.final_base = state_dict.get("final_base")
+
+
+def policy_fingerprint(policy: torch.nn.Module) -> str:
+    """sha256 of a policy's state (names, dtypes, shapes and values, in name order)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(policy.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def stored_evaluation(policy: torch.nn.Module, args: dict, directory: Path = STORED) -> dict | None:
+    """A stored held-out evaluation of exactly these weights with exactly these settings, or None.
+    Files: DIRECTORY/<fingerprint>_n<n_samples>_seed<seed>.json, as `HeldoutEval.evaluate` returns."""
+    path = directory / f"{policy_fingerprint(policy)}_n{args['n_samples']}_seed{args['seed']}.json"
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text())
+    if stored.get("args") != args:
+        return None
+    log.info("held-out verdict set: the base's stored scores (%s)", path.name)
+    return stored
 

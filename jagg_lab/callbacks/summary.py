@@ -68,6 +68,13 @@ class RunSummary(Callback):
                          f"({gain['dense_gain']:+.3f} ± {gain['dense_gain_se']:.3f}), strict "
                          f"{heldout.base['strict_accuracy']:.3f} -> {latest['strict_accuracy']:.3f} "
                          f"({gain['strict_gain']:+.3f} ± {gain['strict_gain_se']:.3f})")
+            if heldout.verdict is not None:
+                verdict, vgain = heldout.verdict, heldout.verdict["gain"]
+                summary["heldout_final"] = {"n_samples": heldout.final_n_samples, "seed": heldout.final_seed, "step": verdict["step"],
+                                            **{k: v for k, v in vgain.items() if k != "per_category"}}
+                lines.append(f"held-out verdict at step {verdict['step']} (n={heldout.final_n_samples}, seed {heldout.final_seed}, "
+                             f"a set apart from the one above; heldout_final.json): dense {vgain['dense_gain']:+.3f} ± "
+                             f"{vgain['dense_gain_se']:.3f}, strict {vgain['strict_gain']:+.3f} ± {vgain['strict_gain_se']:.3f} over the base")
             best = "checkpoints/best.ckpt" if heldout.best[1] > 0 and (run / "checkpoints" / "best.ckpt").exists() else "the base"
             lines.append(f"best held-out {heldout.metric}: {heldout.best[0]:.3f} at step {heldout.best[1]} ({best})")
         elif heldout.enabled:

@@ -1,0 +1,48 @@
+"""Stored held-out evaluations of shipped policies: found only for the very same weights and
+settings, and still what a fresh evaluation of those weights gives."""
+import json
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from jagg_lab.callbacks.heldout import STORED, HeldoutEval, policy_fingerprint, stored_evaluation
+from tests.test_train_cli import REPO
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return instantiate(OmegaConf.load(REPO / "jagg_lab" / "conf" / "policy" / "dit_s.yaml"))
+
+
+def test_the_shipped_base_has_a_stored_verdict_set_and_fresh_scores_match_it(shipped):
+    files = sorted(STORED.glob("*.json"))
+    assert files, "no stored evaluation ships with the package"
+    fingerprint = policy_fingerprint(shipped)
+    for path in files:
+        assert path.name.startswith(fingerprint)  # every stored evaluation is of the shipped base
+        stored = json.loads(path.read_text())
+        args = stored["args"]
+        heldout = HeldoutEval(n_samples=64, seed=args["seed"], num_steps=args["num_steps"], guidance=args["guidance"],
+                              shift=args["shift"], batch_size=args["batch_size"])
+        fresh = heldout.evaluate(shipped)  # the stored set's first batch: same prompts, same noise
+        assert fresh["per_sample"]["strict"] == stored["per_sample"]["strict"][:64]
+        assert fresh["per_sample"]["dense"] == pytest.approx(stored["per_sample"]["dense"][:64], abs=1e-6)
+        assert stored_evaluation(shipped, args) == stored
+
+
+def test_a_stored_evaluation_is_not_used_for_other_weights_or_settings(shipped, tmp_path):
+    heldout = HeldoutEval(final_n_samples=2048, final_seed=2)
+    args = heldout.args(shipped, final=True)
+    assert stored_evaluation(shipped, args) is not None
+    assert stored_evaluation(shipped, {**args, "guidance": 4.0}) is None
+    assert stored_evaluation(shipped, {**args, "n_samples": 1024}) is None
+    with torch.no_grad():
+        param = next(shipped.parameters())
+        param[(0,) * param.dim()] += 1e-3
+    try:
+        assert stored_evaluation(shipped, args) is None
+    finally:
+        with torch.no_grad():
+            param[(0,) * param.dim()] -= 1e-3
