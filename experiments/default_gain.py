@@ -41,16 +41,39 @@ class Args:
     eval_seed: int = 1
     out: str = "outputs/gain"  # never overwritten
     overrides: list[str] = field(default_factory=list)  # extra training overrides, e.g. ["optimizer.lr=1e-4"]
+    base_eval: str | None = None  # an earlier evaluation of the shipped base on the same n_eval / eval_seed, reused
+    curve_n_eval: int = 0  # > 0: periodic checkpoints and final policies scored on this (smaller) set for the curves
+    curve_eval_seed: int = 1
 
 
 def run(cmd: list[str]) -> None:
     subprocess.run([sys.executable, *cmd], check=True)
 
 
-def evaluate(out_json: Path, args: Args, checkpoint: str) -> dict:
-    run(["-m", "jagg_lab.evaluate", "source=policy", f"n_samples={args.n_eval}", f"seed={args.eval_seed}",
+def evaluate(out_json: Path, checkpoint: str, n: int, seed: int) -> dict:
+    run(["-m", "jagg_lab.evaluate", "source=policy", f"n_samples={n}", f"seed={seed}",
          f"checkpoint={checkpoint}", f"out={out_json}"])
     return json.loads(out_json.read_text())
+
+
+def reused_base(args: Args) -> dict:
+    """The shipped base's evaluation from `base_eval`, refused unless it scored the same samples."""
+    path = Path(args.base_eval)
+    if not path.is_file():
+        raise SystemExit(f"base_eval: no such file {path}")
+    base = json.loads(path.read_text())
+    got = {key: base.get("args", {}).get(key) for key in ("checkpoint", "n_samples", "seed")}
+    if got != {"checkpoint": "shipped", "n_samples": args.n_eval, "seed": args.eval_seed}:
+        raise SystemExit(f"base_eval: {path} scored {got}, not the shipped base on n_eval={args.n_eval}, eval_seed={args.eval_seed}")
+    return base
+
+
+def gradient_phase(run_dir: Path) -> dict:
+    """Steps, summed gradient-phase seconds and mean backward items per step of a run's metrics.csv."""
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return {"steps": len(rows), "gradient_s": sum(float(r["time_gradient_s"]) for r in rows),
+            "backward_items": statistics.fmean(float(r["backward_items"]) for r in rows) if rows else 0.0}
 
 
 def arms(args: Args) -> list[tuple[str, str, list[str]]]:
@@ -67,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def compare_arms(args: Args) -> None:
     out = Path(args.out)
+    reused = reused_base(args) if args.base_eval else None  # refused before anything is written
     out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier comparison
     h, m = divmod(int(args.minutes * 60), 3600)
     budget = f"00:{h:02d}:{m // 60:02d}:{m % 60:02d}"
-    base = evaluate(out / "base.json", args, "shipped")
+    base = reused or evaluate(out / "base.json", "shipped", args.n_eval, args.eval_seed)
+    curve_n, curve_seed = (args.curve_n_eval, args.curve_eval_seed) if args.curve_n_eval else (args.n_eval, args.eval_seed)
+    curve_base = evaluate(out / "base_curve.json", "shipped", curve_n, curve_seed) if args.curve_n_eval else base
     rows = [{"arm": "base", "seed": "-", "steps": 0, **paired_gain(base, base)}]
     curve: list[dict] = []  # every scored checkpoint, then the final policy, per run
     scored: dict[tuple[str, int, int], dict] = {}  # (arm, seed, step) -> evaluation, for the paired control comparison
@@ -80,16 +106,22 @@ def compare_arms(args: Args) -> None:
             steps_cap = [] if args.max_steps is None else [f"trainer.max_steps={args.max_steps}"]
             run(["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}", f"trainer.max_time={budget}",
                  "heldout.n_samples=0", *steps_cap, f"hydra.run.dir={run_dir}", *extra, *args.overrides])
-            with open(run_dir / "metrics.csv") as f:
-                steps = sum(1 for _ in csv.DictReader(f))
+            phase = gradient_phase(run_dir)
+            steps = phase["steps"]
             for ckpt in sorted((run_dir / "checkpoints").glob("step_*.ckpt")):
                 step = int(ckpt.stem.removeprefix("step_"))
                 if step < steps:
-                    scored[arm, seed, step] = evaluate(run_dir / f"eval_{ckpt.stem}.json", args, str(ckpt))
-                    curve.append({"arm": arm, "seed": seed, "steps": step, **paired_gain(scored[arm, seed, step], base)})
-            scored[arm, seed, steps] = evaluate(run_dir / "eval.json", args, str(run_dir / "policy.safetensors"))
-            rows.append({"arm": arm, "seed": seed, "steps": steps, **paired_gain(scored[arm, seed, steps], base)})
-            curve.append(rows[-1])
+                    scored[arm, seed, step] = evaluate(run_dir / f"eval_{ckpt.stem}.json", str(ckpt), curve_n, curve_seed)
+                    curve.append({"arm": arm, "seed": seed, "steps": step, **paired_gain(scored[arm, seed, step], curve_base)})
+            policy = str(run_dir / "policy.safetensors")
+            final = evaluate(run_dir / "eval.json", policy, args.n_eval, args.eval_seed)
+            rows.append({"arm": arm, "seed": seed, **phase, **paired_gain(final, base)})
+            if args.curve_n_eval:
+                scored[arm, seed, steps] = evaluate(run_dir / "eval_curve.json", policy, curve_n, curve_seed)
+                curve.append({"arm": arm, "seed": seed, "steps": steps, **paired_gain(scored[arm, seed, steps], curve_base)})
+            else:
+                scored[arm, seed, steps] = final
+                curve.append(rows[-1])
     summary = [_arm_summary(name, [r for r in rows if r["arm"] == name]) for name in dict.fromkeys(r["arm"] for r in rows)]
     vs_control = _versus_control(scored, args)
     (out / "gain.json").write_text(json.dumps({"args": OmegaConf.to_container(OmegaConf.structured(args)), "runs": rows,
@@ -97,7 +129,11 @@ def compare_arms(args: Args) -> None:
     lines = [f"held-out prompts, n = {args.n_eval} (evaluate seed {args.eval_seed}); at most {args.minutes:g} min of training per run;",
              "gain +- the standard error of the paired per-sample difference to the base", ""]
     lines += _table(rows)
-    lines += ["", "Every scored checkpoint:", ""] + _table(curve)
+    if args.curve_n_eval:
+        lines += ["", f"Every scored checkpoint and final policy, on n = {curve_n} (evaluate seed {curve_seed}):"]
+    else:
+        lines += ["", "Every scored checkpoint:"]
+    lines += [""] + _table(curve)
     lines += ["", "| arm | runs | strict gain (mean +- std) | dense gain (mean +- std) |", "|---|---|---|---|"]
     lines += [f"| {a['arm']} | {a['runs']} | {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} "
               f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} |" for a in summary]
@@ -126,7 +162,9 @@ def _arm_summary(arm: str, rows: list[dict]) -> dict:
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
     (sm, ss), (dm, ds) = spread("strict_gain"), spread("dense_gain")
-    return {"arm": arm, "runs": len(rows), "strict_gain_mean": sm, "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds}
+    cost = {key: statistics.fmean(r[key] for r in rows) for key in ("backward_items", "gradient_s") if key in rows[0]}
+    return {"arm": arm, "runs": len(rows), "strict_gain_mean": sm, "strict_gain_std": ss, "dense_gain_mean": dm,
+            "dense_gain_std": ds, **cost}
 
 
 def _table(rows: list[dict]) -> list[str]:

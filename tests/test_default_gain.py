@@ -31,6 +31,7 @@ def test_default_gain_reports_each_arm_and_checkpoint_against_the_base(tmp_path)
         assert row["strict_gain"] == pytest.approx(scored["strict_accuracy"] - base["strict_accuracy"])
         assert row["strict_gain_se"] == pytest.approx(statistics.stdev(diff) / 6**0.5)
     assert result["runs"][0]["strict_gain"] == 0 and result["runs"][0]["strict_gain_se"] == 0
+    assert all(r["backward_items"] > 0 and r["gradient_s"] > 0 for r in result["runs"][1:])  # each run's cost, for equal-time views
     real, control = (json.loads((out / f"{d}_seed0" / "eval.json").read_text()) for d in ("jagg_w4", "jagg_w4_shuffled"))
     assert [(r["seed"], r["steps"]) for r in result["vs_control"]] == [(0, 1), (0, 2)]
     assert result["vs_control"][1]["dense_gain"] == pytest.approx(real["dense_score"] - control["dense_score"])
@@ -41,6 +42,15 @@ def test_default_gain_reports_each_arm_and_checkpoint_against_the_base(tmp_path)
     assert "| jagg_w4+shuffled | 1 |" in (out / "gain.md").read_text()
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode != 0 and "File exists" in again.stderr  # an earlier comparison is never overwritten
+
+
+def test_a_reused_base_evaluation_must_score_the_same_samples(tmp_path):
+    stored = next((REPO / "jagg_lab" / "assets" / "heldout").glob("*_n2048_seed2.json"))
+    cmd = [sys.executable, "experiments/default_gain.py", "experiments=[full]", "n_eval=512", "eval_seed=2",
+           f"base_eval={stored}", f"out={tmp_path / 'gain'}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "base_eval" in proc.stderr and "n_eval=512" in proc.stderr
+    assert not (tmp_path / "gain").exists()  # refused before anything is written
 
 
 def test_tables_script_refuses_an_existing_output_directory(tmp_path):
