@@ -1,0 +1,123 @@
+"""Which gradient strategy should a user pick? Each arm's held-out gain over the base, over its
+training seeds (mean and seed-to-seed std), at equal optimizer steps and at equal backward items.
+
+    python experiments/strategy_choice.py base=BASE.json \
+        "finals=[full=DIR/full_seed*.json,jagg_cv_w6=DIR/jagg_cv_w6_seed*/eval.json]" \
+        "gains=[DIR/full/gain.json,DIR/jagg_cv_w6/gain.json]" "items=[full=12]" out=DIR
+
+finals: NAME=GLOB, the final policies of an arm (one per seed) scored by `jagg_lab.evaluate` on
+the same samples as `base` (the verdict set, e.g. n = 2048): paired gains per seed, then their
+mean and std over seeds, and how far the mean lies from the reference arm's in units of the
+reference's seed std. gains: `experiments/default_gain.py` outputs whose scored checkpoints give
+the curve (gain against steps and cumulative backward items, on their own evaluation set) and,
+where recorded, each arm's backward items per optimizer step; `items` gives them for arms whose
+runs did not record them. Backward items stand for gradient-phase time: at equal memory a
+step's gradient phase costs what its backward items cost (README, "Speed"). Writes
+`OUT/choice.{json,md}`; OUT is never overwritten.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jagg_lab import cli
+from jagg_lab.evaluation import paired_gain
+
+
+@dataclass
+class Args:
+    base: str = "???"  # the base policy's evaluation on the verdict set
+    finals: list[str] = field(default_factory=list)  # NAME=GLOB: an arm's final-policy evaluations, one per seed
+    gains: list[str] = field(default_factory=list)  # default_gain.py gain.json files: curves, items per step
+    items: list[str] = field(default_factory=list)  # NAME=N backward items per optimizer step, where gains lack them
+    reference: str = "full"  # the arm the others are measured against
+    out: str = "outputs/choice"  # never overwritten
+
+
+def _pairs(entries: list[str], key: str) -> dict[str, str]:
+    bad = [e for e in entries if "=" not in e]
+    if bad:
+        raise ValueError(f"{key}: entries must read NAME=VALUE, got {bad}")
+    return dict(e.split("=", 1) for e in entries)
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def choose(args: Args) -> None:
+    out = Path(args.out)
+    finals, items = _pairs(args.finals, "finals"), {k: float(v) for k, v in _pairs(args.items, "items").items()}
+    if args.reference not in finals:
+        raise ValueError(f"reference: {args.reference!r} is not one of the finals {sorted(finals)}")
+    files = {name: sorted(glob.glob(pattern)) for name, pattern in finals.items()}
+    empty = [f"{name}={finals[name]}" for name, paths in files.items() if not paths]
+    if empty:
+        raise FileNotFoundError(f"finals: nothing matches {empty}")
+    base = json.loads(Path(args.base).read_text())
+    gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
+    for result in gain_files:  # items per step as the runs recorded them
+        for row in result["runs"]:
+            if "backward_items" in row:
+                items.setdefault(row["arm"], row["backward_items"])
+    out.mkdir(parents=True, exist_ok=False)
+
+    arms = []
+    for name, paths in files.items():
+        runs = [{"evaluation": p, **{k: v for k, v in paired_gain(json.loads(Path(p).read_text()), base).items()
+                                      if k != "per_category"}} for p in paths]
+        (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in runs]), _spread([r["dense_gain"] for r in runs])
+        arms.append({"arm": name, "seeds": len(runs), "items_per_step": items.get(name), "strict_gain_mean": sm,
+                     "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds, "runs": runs})
+    ref = next(a for a in arms if a["arm"] == args.reference)
+    for arm in arms:
+        arm["items_vs_reference"] = (arm["items_per_step"] / ref["items_per_step"]
+                                     if arm["items_per_step"] and ref["items_per_step"] else None)
+        for metric in ("strict", "dense"):  # distance to the reference's mean in its seed std
+            std = ref[f"{metric}_gain_std"]
+            arm[f"{metric}_vs_reference_in_std"] = (arm[f"{metric}_gain_mean"] - ref[f"{metric}_gain_mean"]) / std if std > 0 else float("nan")
+
+    curve: dict[tuple[str, int], list[dict]] = {}
+    for result in gain_files:
+        for row in result["checkpoints"]:
+            curve.setdefault((row["arm"], row["steps"]), []).append(row)
+    curve_rows = []
+    for (name, steps), rows in sorted(curve.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in rows]), _spread([r["dense_gain"] for r in rows])
+        per_step = items.get(name)
+        curve_rows.append({"arm": name, "steps": steps, "seeds": len(rows), "items": per_step * steps if per_step else None,
+                           "strict_gain_mean": sm, "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds})
+
+    n_final = base.get("n_samples")
+    n_curve = {r["args"].get("curve_n_eval") or r["args"]["n_eval"] for r in gain_files}
+    lines = [f"Final policies on the verdict set (n = {n_final}), gain over the base: mean +- std over training seeds; "
+             f"'vs {args.reference}' = (mean - {args.reference}'s mean) / {args.reference}'s seed std", "",
+             "| arm | seeds | backward items / step | x " + args.reference + " | strict gain | vs " + args.reference
+             + " | dense gain | vs " + args.reference + " |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {a['arm']} | {a['seeds']} | {_num(a['items_per_step'])} | {_num(a['items_vs_reference'], '.2f')} "
+              f"| {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} | {a['strict_vs_reference_in_std']:+.1f} "
+              f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} | {a['dense_vs_reference_in_std']:+.1f} |" for a in arms]
+    lines += ["", f"Curves (scored checkpoints and final policies, n = {', '.join(str(n) for n in sorted(n_curve))}): "
+              "gain against optimizer steps and cumulative backward items", "",
+              "| arm | steps | backward items | seeds | strict gain | dense gain |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['steps']} | {_num(r['items'])} | {r['seeds']} | {r['strict_gain_mean']:+.3f} +- {r['strict_gain_std']:.3f} "
+              f"| {r['dense_gain_mean']:+.3f} +- {r['dense_gain_std']:.3f} |" for r in curve_rows]
+    (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows}, indent=2) + "\n")
+    (out / "choice.md").write_text("\n".join(lines) + "\n")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _num(value: float | None, spec: str = "g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(choose, Args, "python experiments/strategy_choice.py", argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
