@@ -10,13 +10,15 @@ the same samples as `base` (the verdict set, e.g. n = 2048): paired gains per se
 mean and std over seeds, and how far the mean lies from the reference arm's in units of the
 reference's seed std. gains: `experiments/default_gain.py` outputs whose scored checkpoints give
 the curve (gain against steps and cumulative backward items, on their own evaluation set) and,
-where recorded, each arm's backward items per optimizer step; `items` gives them for arms whose
-runs did not record them. Backward items stand for gradient-phase time: at equal memory a
+where recorded, each arm's backward items per optimizer step (read first from a `metrics.csv`
+next to a final evaluation, as a training run writes it); `items` gives them for arms whose runs
+recorded neither. Backward items stand for gradient-phase time: at equal memory a
 step's gradient phase costs what its backward items cost (README, "Speed"). Writes
 `OUT/choice.{json,md}`; OUT is never overwritten.
 """
 from __future__ import annotations
 
+import csv
 import glob
 import json
 import statistics
@@ -60,7 +62,11 @@ def choose(args: Args) -> None:
         raise FileNotFoundError(f"finals: nothing matches {empty}")
     base = json.loads(Path(args.base).read_text())
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
-    for result in gain_files:  # items per step as the runs recorded them
+    for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
+        recorded = [_mean_items(Path(p).parent / "metrics.csv") for p in paths if (Path(p).parent / "metrics.csv").is_file()]
+        if recorded:
+            items.setdefault(name, statistics.fmean(recorded))
+    for result in gain_files:  # or as default_gain recorded them
         for row in result["runs"]:
             if "backward_items" in row:
                 items.setdefault(row["arm"], row["backward_items"])
@@ -109,6 +115,11 @@ def choose(args: Args) -> None:
     (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows}, indent=2) + "\n")
     (out / "choice.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _mean_items(metrics: Path) -> float:
+    with open(metrics) as f:
+        return statistics.fmean(float(row["backward_items"]) for row in csv.DictReader(f))
 
 
 def _num(value: float | None, spec: str = "g") -> str:

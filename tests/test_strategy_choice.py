@@ -30,6 +30,7 @@ def test_strategy_choice_tabulates_seed_spread_and_equal_item_curves(tmp_path):
                                  "runs": [{"arm": "cheap", "seed": s, "steps": 10, "backward_items": 3.0} for s in (0, 1)],
                                  "checkpoints": [{"arm": "cheap", "seed": s, "steps": 10, "strict_gain": 0.0, "dense_gain": 0.1 * (s + 1)}
                                                  for s in (0, 1)]}))
+    (tmp_path / "metrics.csv").write_text("step,backward_items\n1,5\n2,3\n")  # a run's own record wins over gain.json's
     out = tmp_path / "choice"
     cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
            f"finals=[full={tmp_path}/full_seed*.json,cheap={tmp_path}/cheap_seed*.json]", f"gains=[{curve}]",
@@ -37,11 +38,12 @@ def test_strategy_choice_tabulates_seed_spread_and_equal_item_curves(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     arms = {a["arm"]: a for a in json.loads((out / "choice.json").read_text())["arms"]}
+    assert arms["full"]["items_per_step"] == 6  # given explicitly: wins over any record
     assert arms["full"]["dense_gain_mean"] == pytest.approx(0.2) and arms["full"]["dense_gain_std"] == pytest.approx(0.1)
-    assert arms["cheap"]["seeds"] == 2 and arms["cheap"]["items_vs_reference"] == pytest.approx(0.5)
+    assert arms["cheap"]["seeds"] == 2 and arms["cheap"]["items_vs_reference"] == pytest.approx(4 / 6)
     assert arms["cheap"]["dense_vs_reference_in_std"] == pytest.approx((0.075 - 0.2) / 0.1)
     assert arms["cheap"]["strict_gain_std"] == pytest.approx(statistics.stdev([1 / 6, 1 / 6]))
     (row,) = json.loads((out / "choice.json").read_text())["curve"]
-    assert (row["items"], row["dense_gain_mean"]) == (30.0, pytest.approx(0.15))
+    assert (row["items"], row["dense_gain_mean"]) == (40.0, pytest.approx(0.15))
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode != 0 and "exists" in again.stderr  # never overwritten
