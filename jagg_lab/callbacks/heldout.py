@@ -127,6 +127,9 @@ class HeldoutEval(Callback):
             if self.final_base is None:
                 log.info("held-out verdict set (n=%d, seed %d): scoring the base", self.final_n_samples, self.final_seed)
                 self.final_base = self.evaluate(pl_module.policy, final=True)
+        elif self.final_n_samples and self.final_base is None and trainer.is_global_zero:
+            log.warning("no held-out verdict: the run did not score the base on the verdict set at its start "
+                        "(set heldout.final_n_samples from the first run on)")
         if self.best is None:
             self.best = (self.base[self.metric], trainer.global_step)
 
