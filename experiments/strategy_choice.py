@@ -18,7 +18,6 @@ step's gradient phase costs what its backward items cost (README, "Speed"). Writ
 """
 from __future__ import annotations
 
-import csv
 import glob
 import json
 import statistics
@@ -26,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from default_gain import gradient_phase  # experiments/ is this script's directory
 from jagg_lab import cli
 from jagg_lab.evaluation import paired_gain
 
@@ -63,7 +63,7 @@ def choose(args: Args) -> None:
     base = json.loads(Path(args.base).read_text())
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
     for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
-        recorded = [_mean_items(Path(p).parent / "metrics.csv") for p in paths if (Path(p).parent / "metrics.csv").is_file()]
+        recorded = [gradient_phase(Path(p).parent)["backward_items"] for p in paths if (Path(p).parent / "metrics.csv").is_file()]
         if recorded:
             items.setdefault(name, statistics.fmean(recorded))
     for result in gain_files:  # or as default_gain recorded them
@@ -115,11 +115,6 @@ def choose(args: Args) -> None:
     (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows}, indent=2) + "\n")
     (out / "choice.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
-
-
-def _mean_items(metrics: Path) -> float:
-    with open(metrics) as f:
-        return statistics.fmean(float(row["backward_items"]) for row in csv.DictReader(f))
 
 
 def _num(value: float | None, spec: str = "g") -> str:

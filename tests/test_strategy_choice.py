@@ -30,7 +30,7 @@ def test_strategy_choice_tabulates_seed_spread_and_equal_item_curves(tmp_path):
                                  "runs": [{"arm": "cheap", "seed": s, "steps": 10, "backward_items": 3.0} for s in (0, 1)],
                                  "checkpoints": [{"arm": "cheap", "seed": s, "steps": 10, "strict_gain": 0.0, "dense_gain": 0.1 * (s + 1)}
                                                  for s in (0, 1)]}))
-    (tmp_path / "metrics.csv").write_text("step,backward_items\n1,5\n2,3\n")  # a run's own record wins over gain.json's
+    (tmp_path / "metrics.csv").write_text("step,backward_items,time_gradient_s\n1,5,0.5\n2,3,0.5\n")  # a run's own record wins over gain.json's
     out = tmp_path / "choice"
     cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
            f"finals=[full={tmp_path}/full_seed*.json,cheap={tmp_path}/cheap_seed*.json]", f"gains=[{curve}]",
