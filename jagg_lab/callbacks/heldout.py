@@ -119,19 +119,26 @@ class HeldoutEval(Callback):
             self.base = self.evaluate(pl_module.policy)
             self._record(trainer, self.base, trainer.global_step)
         self.base = trainer.strategy.broadcast(self.base, src=0)
-        if self.final_n_samples and self.final_base is not None and self.final_base["args"] != self.args(pl_module.policy, True):
-            self.final_base = None  # the resumed run's verdict was on another set: no base for this one
-            log.warning("held-out verdict settings differ from the resumed run's: no final verdict against the base")
-        elif self.final_n_samples and self.final_base is None and trainer.global_step == 0 and trainer.is_global_zero:
-            self.final_base = stored_evaluation(pl_module.policy, self.args(pl_module.policy, True))
-            if self.final_base is None:
-                log.info("held-out verdict set (n=%d, seed %d): scoring the base", self.final_n_samples, self.final_seed)
-                self.final_base = self.evaluate(pl_module.policy, final=True)
-        elif self.final_n_samples and self.final_base is None and trainer.is_global_zero:
-            log.warning("no held-out verdict: the run did not score the base on the verdict set at its start "
-                        "(set heldout.final_n_samples from the first run on)")
+        self._prepare_verdict(trainer, pl_module.policy)
         if self.best is None:
             self.best = (self.base[self.metric], trainer.global_step)
+
+    def _prepare_verdict(self, trainer: L.Trainer, policy) -> None:
+        """The base's scores on the verdict set (rank 0, which alone grades): kept from the run's
+        start, found stored for these very weights, or scored now at step 0."""
+        if not self.final_n_samples or not trainer.is_global_zero:
+            return
+        if self.final_base is not None and self.final_base["args"] != self.args(policy, True):
+            self.final_base = None  # the resumed run's verdict was on another set: no base for this one
+            log.warning("held-out verdict settings differ from the resumed run's: no final verdict against the base")
+        elif self.final_base is None and trainer.global_step > 0:
+            log.warning("no held-out verdict: the run did not score the base on the verdict set at its start "
+                        "(set heldout.final_n_samples from the first run on)")
+        elif self.final_base is None:
+            self.final_base = stored_evaluation(policy, self.args(policy, True))
+            if self.final_base is None:
+                log.info("held-out verdict set (n=%d, seed %d): scoring the base", self.final_n_samples, self.final_seed)
+                self.final_base = self.evaluate(policy, final=True)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         if self.enabled and self.every and trainer.global_step % self.every == 0:
