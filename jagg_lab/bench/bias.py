@@ -47,8 +47,8 @@ __all__ = ["BiasArgs", "ESTIMATORS", "bench_bias", "main"]
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-# name -> (window, seed) -> strategy; every estimator is compared with `full` on the same rollout
-ESTIMATORS: dict[str, Callable[[int, int], GradientStrategy]] = {
+# name -> (window, seed[, cos_threshold]) -> strategy; every estimator is compared with `full` on the same rollout
+ESTIMATORS: dict[str, Callable[..., GradientStrategy]] = {
     "jagg": lambda w, seed: JaggStrategy(window=w, mode="cached"),
     "subsample": lambda w, seed: SubsampleStrategy(window=w, per_window=2, choice="random", seed=seed),
     "subsample3": lambda w, seed: SubsampleStrategy(window=w, per_window=3, choice="random", seed=seed),
@@ -56,7 +56,7 @@ ESTIMATORS: dict[str, Callable[[int, int], GradientStrategy]] = {
     "jagg_cv_p50": lambda w, seed: JaggCVStrategy(window=w, correct_prob=0.5, seed=seed),
     "jagg_cv_bend": lambda w, seed: JaggCVStrategy(window=w, proposal="bend", seed=seed),
     "jagg_knots": lambda w, seed: JaggKnotsStrategy(knot_spacing=w - 1),
-    "jagg_routed": lambda w, seed: JaggRoutedStrategy(window=w, cos_threshold=0.5),
+    "jagg_routed": lambda w, seed, threshold=0.5: JaggRoutedStrategy(window=w, cos_threshold=threshold),
 }
 
 
@@ -74,6 +74,7 @@ class BiasArgs:
     overrides: list[str] = field(default_factory=list)  # more training-config overrides, e.g. [sampler.noise_level=0.3]
     strategies: list[str] = field(default_factory=lambda: ["jagg", "subsample", "jagg_cv", "jagg_cv_p50"])
     windows: list[int] = field(default_factory=lambda: [4])  # W of every windowed estimator
+    routed_thresholds: list[float] = field(default_factory=lambda: [0.5])  # jagg_routed: one row per cos_threshold
     n_rollouts: int = 64  # N independent rollouts (the prompt stream's first N batches)
     seed: int = 0  # training seed: prompt stream, rollout noise, the estimators' draws
     device: str = "cpu"
@@ -84,6 +85,8 @@ class BiasArgs:
             raise ValueError(f"strategies: unknown {unknown}; choose from {sorted(ESTIMATORS)}")
         if not self.windows or any(w < 2 for w in self.windows):
             raise ValueError(f"windows must all be >= 2, got {self.windows}")
+        if not self.routed_thresholds or any(not -1 <= t <= 1 for t in self.routed_thresholds):
+            raise ValueError(f"routed_thresholds must all be in [-1, 1], got {self.routed_thresholds}")
         if self.n_rollouts < 4:
             raise ValueError(f"n_rollouts must be >= 4 (odd and even halves), got {self.n_rollouts}")
         check_device(self.device)
@@ -136,10 +139,13 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     every rollout from the fourth on (its `rollouts_done` says how many it holds)."""
     cfg, module, data = setting or _setting(args)
     objective = module.objective
-    names = [(name, w) for name in args.strategies for w in args.windows]
-    estimators = {(name, w): ESTIMATORS[name](w, args.seed) for name, w in names}
+    # key: (strategy, window, cos_threshold); the threshold only for jagg_routed's rows
+    keys = [(name, w, t) for name in args.strategies for w in args.windows
+            for t in (args.routed_thresholds if name == "jagg_routed" else [None])]
+    estimators = {(name, w, t): ESTIMATORS[name](w, args.seed) if t is None else ESTIMATORS[name](w, args.seed, t)
+                  for name, w, t in keys}
     sums = {key: ErrorSums() for key in estimators}
-    work = {key: {} for key in [("full", 1), *estimators]}
+    work = {key: {} for key in [("full", 1, None), *estimators]}
     seconds = {key: 0.0 for key in work}
 
     def count(key, stats, t):
@@ -148,7 +154,8 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
             work[key][name] = work[key].get(name, 0) + value
 
     def report(done: int) -> dict:
-        rows = [{"strategy": key[0], "window": key[1], **{f"{name}_per_rollout": v / done for name, v in work[key].items()},
+        rows = [{"strategy": key[0], "window": key[1], **({"cos_threshold": key[2]} if key[2] is not None else {}),
+                 **{f"{name}_per_rollout": v / done for name, v in work[key].items()},
                  "gradient_s_per_rollout": seconds[key] / done, **(bias_summary(sums[key]) if key in sums else {})}
                 for key in work]
         return {
@@ -175,7 +182,7 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
         advantages = module.advantages(rewards, group_ids)
         module.policy.train()
         f, stats, t = _gradient(FullStrategy(), module, rollout, advantages, args.device)
-        count(("full", 1), stats, t)
+        count(("full", 1, None), stats, t)
         for key, strategy in estimators.items():
             g, stats, t = _gradient(strategy, module, rollout, advantages, args.device)
             sums[key].add(g, f)
@@ -197,7 +204,7 @@ def write_report(report: dict, out: str) -> None:
 
 
 COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("backward_items_per_rollout", "backward items", "{:.1f}"),
-           ("jagg_frac_per_rollout", "routed share", "{:.2f}"),
+           ("cos_threshold", "routing threshold", "{}"), ("jagg_frac_per_rollout", "routed share", "{:.2f}"),
            ("per_rollout_cosine", "per-rollout cos(g, f)", "{:.3f}"), ("z", "z (no bias: ~1)", "{:.2f}"),
            ("halves_cosine", "cos(odd, even mean d)", "{:.2f}"), ("bias_over_mean_full", "|mean d| / |mean f|", "{:.2f}"),
            ("mean_cosine", "cos(mean g, mean f)", "{:.2f}"), ("rel_error", "per-rollout error / noise of f", "{:.2f}")]

@@ -14,11 +14,16 @@ TINY = ["policy=dit_xs", "policy.checkpoint=null", "data.prompts_per_step=1", "d
 def test_bias_report_has_every_column(tmp_path):
     out = tmp_path / "bias.json"
     code = main(["bias", f"out={out}", "n_rollouts=4", "strategies=[jagg,jagg_cv,jagg_routed]", "windows=[3]",
-                 f"overrides=[{','.join(TINY)}]"])
+                 "routed_thresholds=[-1,1,0.5]", f"overrides=[{','.join(TINY)}]"])
     assert code == 0
     report = json.loads(out.read_text())
-    rows = {row["strategy"]: row for row in report["rows"]}
-    assert set(rows) == {"full", "jagg", "jagg_cv", "jagg_routed"}
+    rows = {row["strategy"]: row for row in report["rows"] if row["strategy"] != "jagg_routed"}
+    routed = {row["cos_threshold"]: row for row in report["rows"] if row["strategy"] == "jagg_routed"}
+    assert set(rows) == {"full", "jagg", "jagg_cv"} and set(routed) == {-1, 1, 0.5}
+    # threshold -1 routes every window of 3 steps (it is jagg), threshold 1 none (it is full)
+    assert routed[-1]["jagg_frac_per_rollout"] == 1 and routed[-1]["backward_items_per_rollout"] == 4 * 2
+    assert routed[1]["jagg_frac_per_rollout"] == 0 and routed[1]["backward_items_per_rollout"] == 6 * 2
+    rows["jagg_routed"] = routed[0.5]
     assert rows["full"]["backward_items_per_rollout"] == 6 * 2  # 6 steps, 2 micro-batches
     assert rows["jagg"]["backward_items_per_rollout"] == 4 * 2  # windows [0..2], [3..5]
     assert rows["jagg_cv"]["backward_items_per_rollout"] == 6 * 2
@@ -33,6 +38,7 @@ def test_bias_report_has_every_column(tmp_path):
     (["strategies=[jagg,nope]"], "strategies"),
     (["windows=[1]"], "windows"),
     (["n_rollouts=2"], "n_rollouts"),
+    (["routed_thresholds=[0.5,2]"], "routed_thresholds"),
     (["overrides=[sampler.noise_level=-1]"], "noise_level"),
     (["overrides=[grpo.micro_batch_size=7]"], "micro_batch_size"),
 ])
