@@ -7,10 +7,14 @@ run still compares against the policy its first run started from). Every `every`
 steps and at the end, the policy is evaluated again, logged (`heldout.csv`, and the TensorBoard
 / W&B loggers as `heldout/*`), compared with the base (paired gain and its standard error), and
 written to `checkpoints/best.ckpt` when it beats every earlier evaluation. With `stop_margin`,
-the run stops once the score falls that far below its best.
+the run stops once the score falls that far below its best. With `restore_best`, a run that
+ends (by its step budget or the early stop, not by a signal) goes back to its best held-out
+policy: `policy.safetensors` and the verdict are then the best's (the base's, written to
+best.ckpt at the start, when no evaluation beat it), while `checkpoints/last.ckpt` still
+resumes the last step.
 
 With `final_n_samples`, the run ends with a verdict on a second, larger set (its own seed,
-`final_seed`, so the set that picked best.ckpt does not grade it): the final policy against the
+`final_seed`, so the set that picked best.ckpt does not grade it): the run's policy against the
 base on the same samples, in `heldout_final.json`, the loggers (`heldout_final/*`) and the
 summary. The base's scores on that set are evaluated at the start, unless a stored evaluation of
 the very same weights and settings ships with the package (the shipped base's does).
@@ -50,13 +54,15 @@ class HeldoutEval(Callback):
     seed, num_steps, guidance, shift, batch_size: as `python -m jagg_lab.evaluate` (ODE sampling).
     metric: what best.ckpt and the early stop follow: dense_score or strict_accuracy.
     stop_margin: stop once the metric is this far below its best (null = never).
+    restore_best: end the run with the best held-out policy instead of the last.
     final_n_samples: held-out samples of the end-of-run verdict (null = none beyond the periodic ones).
     final_seed: the verdict's prompts and noise (a set apart from `seed`'s).
     run_dir: where heldout.csv and checkpoints/best.ckpt go."""
 
     def __init__(self, n_samples: int = 32, every: int = 50, seed: int = 1, num_steps: int = 20, guidance: float = 3.0,
                  shift: float = 1.0, batch_size: int = 64, metric: str = "dense_score", stop_margin: float | None = None,
-                 final_n_samples: int | None = None, final_seed: int = 2, run_dir: str | Path | None = None):
+                 restore_best: bool = False, final_n_samples: int | None = None, final_seed: int = 2,
+                 run_dir: str | Path | None = None):
         checks = {"n_samples": n_samples >= 0, "every": every >= 0, "seed": seed >= 0, "num_steps": num_steps >= 1, "guidance": guidance >= 1,
                   "shift": shift > 0, "batch_size": batch_size >= 1, "metric": metric in METRICS,
                   "stop_margin": stop_margin is None or stop_margin > 0,
@@ -71,13 +77,14 @@ class HeldoutEval(Callback):
                              f"metric one of {METRICS}; stop_margin > 0 or null; final_n_samples >= 1 or null; final_seed >= 0)")
         self.n_samples, self.every, self.seed, self.metric, self.stop_margin = n_samples, every, seed, metric, stop_margin
         self.num_steps, self.guidance, self.shift, self.batch_size = num_steps, guidance, shift, batch_size
-        self.final_n_samples, self.final_seed = final_n_samples, final_seed
+        self.final_n_samples, self.final_seed, self.restore_best = final_n_samples, final_seed, restore_best
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.base: dict | None = None  # the base policy's evaluation
         self.best: tuple[float, int] | None = None  # (score, step); step 0 = the base
         self.latest: dict | None = None  # the last evaluation, with its step and gains
         self.final_base: dict | None = None  # the base's evaluation on the verdict's set
         self.verdict: dict | None = None  # the final policy's, with its step and gains
+        self.restored: tuple[float, int] | None = None  # (score, step) of the best policy the run went back to
 
     @property
     def enabled(self) -> bool:
@@ -122,6 +129,8 @@ class HeldoutEval(Callback):
         self._prepare_verdict(trainer, pl_module.policy)
         if self.best is None:
             self.best = (self.base[self.metric], trainer.global_step)
+            if self.restore_best:  # the start's policy, so that there is always a best to go back to
+                trainer.save_checkpoint(self.best_path)
 
     def _prepare_verdict(self, trainer: L.Trainer, policy) -> None:
         """The base's scores on the verdict set (rank 0, which alone grades): kept from the run's
@@ -149,23 +158,44 @@ class HeldoutEval(Callback):
         interrupted = any(isinstance(c, SafeStop) and c.signal is not None for c in trainer.callbacks)
         if self.enabled and not interrupted and not done:  # an interrupted run ends at once
             self._check(trainer, pl_module)
+        if self.enabled and not interrupted and self.restore_best and self.best[1] != trainer.global_step:
+            self._restore(trainer, pl_module)
         if self.enabled and not interrupted and self.final_base is not None and trainer.is_global_zero:
             self._verdict(trainer, pl_module)
 
+    @property
+    def best_path(self) -> Path:
+        return self.run_dir / "checkpoints" / "best.ckpt"
+
+    def _restore(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Every rank loads best.ckpt's weights into the module (before it exports its policy)."""
+        if not self.best_path.is_file():  # a resumed run whose first run kept no best.ckpt for the base
+            log.warning("heldout.restore_best: the best held-out policy (step %d) has no checkpoints/best.ckpt; "
+                        "the run ends with its last policy", self.best[1])
+            return
+        trainer.strategy.barrier()
+        pl_module.load_state_dict(trainer.strategy.load_checkpoint(self.best_path)["state_dict"])
+        self.restored = self.best
+        log.info("held-out: went back to the best policy, step %d (%s %.3f): policy.safetensors and the verdict are "
+                 "of it; checkpoints/last.ckpt still resumes step %d", self.best[1], self.metric, self.best[0],
+                 trainer.global_step)
+
     def _verdict(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The final policy against the base on the verdict's set: heldout_final.json, loggers, console."""
+        """The run's policy (the best, if restored) against the base on the verdict's set:
+        heldout_final.json, loggers, console."""
         result = self.evaluate(pl_module.policy, final=True)
         gain = paired_gain(result, self.final_base)
-        self.verdict = {**result, "step": trainer.global_step, "gain": gain}
+        step = self.restored[1] if self.restored is not None else trainer.global_step  # whose weights were graded
+        self.verdict = {**result, "step": step, "gain": gain}
         (self.run_dir / "heldout_final.json").write_text(json.dumps(
-            {"step": trainer.global_step, "final": result, "base": self.final_base,
-             **{k: v for k, v in gain.items() if k.endswith(("_gain", "_gain_se"))}}) + "\n")
+            {"step": step, "run_steps": trainer.global_step, "final": result, "base": self.final_base,
+             **overall(gain)}) + "\n")
         for logger in trainer.loggers:
             if not isinstance(logger, CSVLogger):
                 logger.log_metrics({f"heldout_final/{k}": v for k, v in gain.items() if isinstance(v, float)},
                                    step=trainer.global_step)
-        log.info("held-out verdict (n=%d, seed %d) at step %d vs base: dense %+.3f ± %.3f, strict %+.3f ± %.3f",
-                 self.final_n_samples, self.final_seed, trainer.global_step, gain["dense_gain"], gain["dense_gain_se"],
+        log.info("held-out verdict (n=%d, seed %d) of the policy of step %d vs base: dense %+.3f ± %.3f, "
+                 "strict %+.3f ± %.3f", self.final_n_samples, self.final_seed, step, gain["dense_gain"], gain["dense_gain_se"],
                  gain["strict_gain"], gain["strict_gain_se"])
 
     def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -176,7 +206,7 @@ class HeldoutEval(Callback):
         score = trainer.strategy.broadcast(result[self.metric] if result is not None else None, src=0)
         if score > self.best[0]:
             self.best = (score, trainer.global_step)
-            trainer.save_checkpoint(self.run_dir / "checkpoints" / "best.ckpt")
+            trainer.save_checkpoint(self.best_path)
             log.info("held-out %s %.3f: new best, wrote checkpoints/best.ckpt", self.metric, score)
         elif self.stop_margin is not None and score < self.best[0] - self.stop_margin:
             log.warning("held-out %s %.3f fell more than %g below its best %.3f (step %d): stopping early",
@@ -187,7 +217,7 @@ class HeldoutEval(Callback):
         """Log one evaluation (rank 0): heldout.csv, the non-CSV loggers, the console."""
         gain = paired_gain(result, self.base) if self.base is not None else {}
         row = {"step": step, "strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"],
-               **{k: v for k, v in gain.items() if k.endswith(("_gain", "_gain_se"))}}
+               **overall(gain)}
         self.latest = {**result, **row, "gain": gain}
         path = self.run_dir / "heldout.csv"
         new = not path.exists()
@@ -213,6 +243,11 @@ class HeldoutEval(Callback):
         self.base = state_dict["base"]
         self.best = tuple(state_dict["best"]) if state_dict["best"] is not None else None
         self.final_base = state_dict.get("final_base")
+
+
+def overall(gain: dict) -> dict:
+    """The overall gains of a `paired_gain` result and their standard errors (no per-category part)."""
+    return {k: v for k, v in gain.items() if k.endswith(("_gain", "_gain_se"))}
 
 
 def policy_fingerprint(policy: torch.nn.Module) -> str:

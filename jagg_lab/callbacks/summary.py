@@ -77,6 +77,10 @@ class RunSummary(Callback):
                              f"{vgain['dense_gain_se']:.3f}, strict {vgain['strict_gain']:+.3f} ± {vgain['strict_gain_se']:.3f} over the base")
             best = "checkpoints/best.ckpt" if heldout.best[1] > 0 and (run / "checkpoints" / "best.ckpt").exists() else "the base"
             lines.append(f"best held-out {heldout.metric}: {heldout.best[0]:.3f} at step {heldout.best[1]} ({best})")
+            if heldout.restored is not None:
+                summary["policy_step"] = heldout.restored[1]
+                lines.append(f"the run went back to that policy (heldout.restore_best): policy.safetensors is of step "
+                             f"{heldout.restored[1]}, checkpoints/last.ckpt of step {steps}")
         elif heldout.enabled:
             lines.append("held-out: no final evaluation (interrupted)")
         lines.append(f"policy: {summary['policy']}; checkpoints: {summary['checkpoints']}/")
