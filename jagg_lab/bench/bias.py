@@ -55,6 +55,8 @@ ESTIMATORS: dict[str, Callable[..., GradientStrategy]] = {
     "jagg_cv": lambda w, seed: JaggCVStrategy(window=w, seed=seed),
     "jagg_cv_p50": lambda w, seed: JaggCVStrategy(window=w, correct_prob=0.5, seed=seed),
     "jagg_cv_bend": lambda w, seed: JaggCVStrategy(window=w, proposal="bend", seed=seed),
+    "jagg_cv_k2": lambda w, seed: JaggCVStrategy(window=w, n_correct=2, seed=seed),
+    "subsample4": lambda w, seed: SubsampleStrategy(window=w, per_window=4, choice="random", seed=seed),
     "jagg_knots": lambda w, seed: JaggKnotsStrategy(knot_spacing=w - 1),
     "jagg_routed": lambda w, seed, threshold=0.5: JaggRoutedStrategy(window=w, cos_threshold=threshold),
 }

@@ -162,20 +162,24 @@ def full_backward(
 @dataclass(frozen=True)
 class Segment:
     """Steps left..right (trained-step indices) whose Jacobian is interpolated between the knots
-    `left` and `right` (left == right: a lone step, its exact gradient). `correct`: an interior
-    step r whose exact Jacobian product also enters with weight `weight` against its interpolated
-    one, weight * (J_r - Jhat_r)^T g_r (the control variate of `jagg_cv`); None for plain JAGG."""
+    `left` and `right` (left == right: a lone step, its exact gradient). `corrections`: pairs
+    (r, weight) of interior steps whose exact Jacobian product also enters against their
+    interpolated one, weight * (J_r - Jhat_r)^T g_r (the control variate of `jagg_cv`); none for
+    plain JAGG."""
 
     left: int
     right: int
-    correct: int | None = None
-    weight: float = 0.0
+    corrections: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.right < self.left:
             raise ValueError(f"segment [{self.left}..{self.right}] runs backwards")
-        if self.correct is not None and not self.left < self.correct < self.right:
-            raise ValueError(f"corrected step {self.correct} is not interior to [{self.left}..{self.right}]")
+        steps = [r for r, _ in self.corrections]
+        for r in steps:
+            if not self.left < r < self.right:
+                raise ValueError(f"corrected step {r} is not interior to [{self.left}..{self.right}]")
+        if len(set(steps)) != len(steps):
+            raise ValueError(f"corrected steps {steps} repeat a step")
 
     @property
     def interior(self) -> range:
@@ -212,7 +216,7 @@ def interpolate_backward(
     """
     levels = [float(s) for s in noise_levels]
     knots = sorted({k for seg in segments for k in (seg.left, seg.right)})
-    nodes = sorted(set(knots) | {seg.correct for seg in segments if seg.correct is not None})
+    nodes = sorted(set(knots) | {r for seg in segments for r, _ in seg.corrections})
     check_pass_items(max_pass_items)
     chunk = len(nodes) if max_pass_items is None else max_pass_items
     passes = [nodes[i : i + chunk] for i in range(0, len(nodes), chunk)]
@@ -247,6 +251,7 @@ def interpolate_backward(
 
     for seg in spans:
         alphas = interpolation_weights(levels[seg.left : seg.right + 1])
+        weights = dict(seg.corrections)
         for k, alpha in zip(seg.interior, alphas[1:-1]):
             if mode == "recompute":
                 with torch.no_grad():
@@ -260,11 +265,11 @@ def interpolate_backward(
             g_k, loss_k = upstream_signal(step_loss_fn, k, v_k)
             stats.loss += loss_k
             # The control variate moves weight * g_r from the interpolated Jacobian to the exact one.
-            share = 1.0 - seg.weight if k == seg.correct else 1.0
+            share = 1.0 - weights.get(k, 0.0)
             add(seg.left, (share * (1 - alpha)) * g_k)
             add(seg.right, (share * alpha) * g_k)
-            if k == seg.correct:
-                add(k, seg.weight * g_k)
+            if k in weights:
+                add(k, weights[k] * g_k)
 
     for steps in passes:
         if len(passes) > 1:

@@ -47,7 +47,9 @@ def test_bad_bounds_and_segments_name_the_key():
     with pytest.raises(ValueError, match="backwards"):
         Segment(3, 1)
     with pytest.raises(ValueError, match="interior"):
-        Segment(0, 3, correct=3, weight=2.0)
+        Segment(0, 3, corrections=((3, 2.0),))
+    with pytest.raises(ValueError, match="repeat"):
+        Segment(0, 3, corrections=((1, 2.0), (1, 2.0)))
 
 
 def test_micro_batch_stats_combine_counts_by_sum_and_the_rest_by_mean():

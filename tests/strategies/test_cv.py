@@ -29,7 +29,8 @@ class FixedInterior(JaggCVStrategy):
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
         return jagg_cv_backward(velocity_fn, states, noise_levels, step_loss_fn, window=self.window,
-                                velocities=velocities, mode=self.mode, interior=self.interior, proposal=self.proposal)
+                                velocities=velocities, mode=self.mode, interior=self.interior, proposal=self.proposal,
+                                n_correct=self.n_correct)
 
 
 def test_mean_over_every_corrected_step_is_the_full_gradient(real):
@@ -41,6 +42,22 @@ def test_mean_over_every_corrected_step_is_the_full_gradient(real):
         assert stats["backward_items"] == 6 and stats["backward_passes"] == 2 and stats["corrected_windows"] == 2
     assert rel_err(torch.stack(grads).mean(0), full) < 1e-4
     assert min(rel_err(g, full) for g in grads) > 1e-6  # each draw is an estimate, not the full gradient
+
+
+def test_several_corrected_steps_mean_over_every_draw_is_the_full_gradient(real):
+    module, rollout, advantages, full = real
+    grads = []
+    for pair in itertools.combinations(range(6), 2):  # one window [0..7]: 2 of its 6 interior steps
+        grad, stats = strategy_gradient(module, FixedInterior([pair], window=8, n_correct=2), rollout, advantages)
+        grads.append(grad)
+        assert stats["backward_items"] == 4 and stats["backward_passes"] == 1 and stats["corrected_windows"] == 1
+    assert rel_err(torch.stack(grads).mean(0), full) < 1e-4
+    assert min(rel_err(g, full) for g in grads) > 1e-6
+    # as many corrected steps as interior ones: every step exact, the window's full gradient
+    grad, stats = strategy_gradient(module, JaggCVStrategy(window=4, n_correct=2), rollout, advantages)
+    assert rel_err(grad, full) < 1e-4 and stats["backward_items"] == 8
+    with pytest.raises(ValueError, match="interior"):
+        strategy_gradient(module, FixedInterior([(1, 1)], window=8, n_correct=2), rollout, advantages)
 
 
 def test_bend_proposal_is_unbiased_with_its_weights(real):
@@ -102,6 +119,10 @@ def test_bad_settings_name_the_key():
         JaggCVStrategy(proposal="greedy")
     with pytest.raises(ValueError, match="mode"):
         JaggCVStrategy(mode="fast")
+    with pytest.raises(ValueError, match="n_correct"):
+        JaggCVStrategy(n_correct=0)
+    with pytest.raises(ValueError, match="proposal"):
+        JaggCVStrategy(n_correct=2, proposal="bend")
 
 
 def constant_advantage_errors(strategies, n_rollouts=48):
