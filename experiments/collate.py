@@ -12,7 +12,9 @@ RUNS/collated; an existing directory is refused):
 - `reward_vs_step.png`, `reward_vs_time.png`: training reward, one line per label (mean over
   its runs, band +- one std), smoothed by a trailing mean over 10% of the steps;
 - `time_breakdown.png`: seconds per optimizer step in rollout, reward and gradient by label;
-- `routing.png` (jagg_routed runs only): where along the trajectory JAGG was deployed.
+- `routing.png` (jagg_routed runs only): where along the trajectory JAGG was deployed;
+- `heldout_vs_step.png` (runs with held-out evaluations only): strict and dense held-out gain
+  over the base against the optimizer step, one line per label (mean, band +- one std).
 
 Columns of runs.csv:
 
@@ -32,7 +34,12 @@ Columns of runs.csv:
   noise region (high: mean noise level > 2/3, mid, low: < 1/3);
 - `reward_at_time` (experiments/quality.py): like reward_final, over the steps whose rollout
   came from a policy trained for at most the common training time (the shortest run's
-  `time_s`); `eval_<name>`: the numbers in the run's eval.json.
+  `time_s`); `eval_<name>`: the numbers in the run's eval.json;
+- `heldout_step`, `heldout_strict_gain`, `heldout_dense_gain`: the run's last held-out
+  evaluation (heldout.csv) and its paired gains over the base; `heldout_best_step` and
+  `heldout_best_<strict|dense>_gain`: the evaluation with the best `heldout.metric` (the one
+  checkpoints/best.ckpt holds); `verdict_<name>`: the numbers in heldout_final.json (the
+  verdict on its own, larger set: `verdict_step` is the step of the policy it graded).
 """
 from __future__ import annotations
 
@@ -58,6 +65,8 @@ GROUP_COLUMNS = (
     "steps", "reward_first", "reward_final", "reward_strict_final", "reward_at_time", "time_s", "time_per_step_s",
     *TIME_COLUMNS, "backward_passes", "backward_items", "grad_cosine", "grad_norm_ratio", "jagg_frac",
     *(f"{kind}_{region}" for kind in ("jagg_frac", "route_score") for region in ROUTING_REGIONS),
+    "heldout_strict_gain", "heldout_dense_gain", "heldout_best_step", "heldout_best_strict_gain",
+    "heldout_best_dense_gain", "verdict_strict_gain", "verdict_dense_gain",
 )
 
 
@@ -151,6 +160,32 @@ def plot_routing(groups: pd.DataFrame, path: Path) -> Path | None:
     return path
 
 
+def plot_heldout_curves(runs: list[Run], labels: dict[Path, str], path: Path) -> Path | None:
+    """Held-out strict and dense gain over the base against the step: mean +- std over each
+    label's runs, at the steps all of them evaluated."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.heldout is not None and len(run.heldout) > 1:
+            groups.setdefault(labels[run.path], []).append(run)
+    if not groups:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, members in groups.items():
+        steps = sorted(set.intersection(*(set(r.heldout["step"]) for r in members)))
+        for ax, key in zip(axes, ("strict_gain", "dense_gain")):
+            curves = np.stack([r.heldout.set_index("step").loc[steps, key].to_numpy(float) for r in members])
+            _band(ax, np.asarray(steps), curves, name)
+    for ax, title in zip(axes, ("strict accuracy", "dense score")):
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(f"held-out {title} gain over the base")
+        ax.grid(alpha=0.3)
+    _legend_below(fig, axes[0])
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def collate(
     runs: list[Run], out: Path, *, root: Path | None = None, labels: dict[Path, str] | None = None,
     tail_frac: float = 0.2, at_time: float | None = None,
@@ -170,6 +205,7 @@ def collate(
     plot_reward_curves(runs, dict(zip((r.path for r in runs), table["label"])), out)
     plot_time_breakdown(groups, out / "time_breakdown.png")
     plot_routing(groups, out / "routing.png")
+    plot_heldout_curves(runs, dict(zip((r.path for r in runs), table["label"])), out / "heldout_vs_step.png")
     return table, groups
 
 

@@ -2,7 +2,9 @@
 notebooks/analysis.ipynb read.
 
 A run is a directory written by `python -m jagg_lab.train` holding `config.yaml` and
-`metrics.csv` (one row per optimizer step), and maybe `eval.json` (experiments/quality.py).
+`metrics.csv` (one row per optimizer step), and maybe `eval.json` (experiments/quality.py),
+`heldout.csv` (its held-out evaluations, paired with the base) and `heldout_final.json` (its
+held-out verdict).
 A Hydra multirun directory holds one run per job; `load_runs` finds them at any depth.
 
 Training time is the sum of the `time_rollout_s`, `time_reward_s` and `time_gradient_s`
@@ -18,7 +20,7 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -47,6 +49,8 @@ class Run:
     # training time before its rollout: how long the policy its reward_mean scores had trained.
     metrics: pd.DataFrame
     eval: dict[str, float]  # the numeric top-level entries of eval.json ({} without one)
+    heldout: pd.DataFrame | None = None  # heldout.csv: step, scores, gains over the base (None without one)
+    verdict: dict[str, float] = field(default_factory=dict)  # numeric top-level entries of heldout_final.json
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -88,11 +92,17 @@ def load_run(path: str | Path) -> Run:
     seconds = step_times(metrics)
     metrics["time_s"] = seconds.cumsum()
     metrics["trained_s"] = metrics["time_s"] - seconds
-    evaluation: dict[str, float] = {}
-    if (path / "eval.json").is_file():
-        raw = json.loads((path / "eval.json").read_text())
-        evaluation = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return Run(path=path, config=config, metrics=metrics, eval=evaluation)
+    heldout = pd.read_csv(path / "heldout.csv").sort_values("step", ignore_index=True) if (path / "heldout.csv").is_file() else None
+    return Run(path=path, config=config, metrics=metrics, eval=_numbers(path / "eval.json"), heldout=heldout,
+               verdict=_numbers(path / "heldout_final.json"))
+
+
+def _numbers(path: Path) -> dict[str, float]:
+    """The numeric top-level entries of a JSON file ({} without one)."""
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    return {k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def load_runs(root: str | Path) -> list[Run]:
@@ -167,6 +177,14 @@ def summarize(run: Run, *, tail_frac: float = 0.2, at_time: float | None = None)
         reached = m[m["trained_s"] <= at_time + 1e-9]
         row["reward_at_time"] = tail_mean(reached["reward_mean"], tail_frac)
     row.update({f"eval_{k}": v for k, v in run.eval.items()})
+    if run.heldout is not None and len(run.heldout):
+        last = run.heldout.iloc[-1]
+        metric = run.config.get("heldout.metric", "dense_score")
+        best = run.heldout.loc[run.heldout[metric].idxmax()]  # the first of equal scores, as best.ckpt
+        row.update({"heldout_step": float(last["step"]), "heldout_strict_gain": float(last["strict_gain"]),
+                    "heldout_dense_gain": float(last["dense_gain"]), "heldout_best_step": float(best["step"]),
+                    "heldout_best_strict_gain": float(best["strict_gain"]), "heldout_best_dense_gain": float(best["dense_gain"])})
+    row.update({f"verdict_{k}": v for k, v in run.verdict.items()})
     return row
 
 

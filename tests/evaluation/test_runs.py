@@ -37,3 +37,31 @@ def test_aggregate_gives_mean_and_sample_std_over_seeds(tmp_path):
     assert groups["n_runs"].tolist() == [3] and "missing_column_mean" not in groups
     assert groups["reward_final_mean"][0] == pytest.approx(0.5)
     assert groups["reward_final_std"][0] == pytest.approx(pd.Series([0.2, 0.4, 0.9]).std(ddof=1))
+
+
+def test_heldout_evaluations_and_the_verdict_are_summarised_and_plotted(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_train_cli import REPO
+
+    for seed, gains in ((0, [0.0, 0.05, 0.02]), (1, [0.0, 0.03, 0.04])):
+        path = fake_run(tmp_path / "runs" / f"r{seed}", seed, 6, [0.5, 0.6, 0.7], [1.0, 1.0, 1.0])
+        pd.DataFrame({"step": [0, 50, 100], "strict_accuracy": [0.3 + g for g in gains],
+                      "dense_score": [0.6 + g for g in gains], "strict_gain": gains, "strict_gain_se": 0.01,
+                      "dense_gain": gains, "dense_gain_se": 0.01}).to_csv(path / "heldout.csv", index=False)
+        (path / "heldout_final.json").write_text(json.dumps({"step": 100, "run_steps": 100, "strict_gain": gains[-1] / 2,
+                                                             "dense_gain": 0.01, "final": {"per_sample": {}}}))
+    row = summarize(load_run(tmp_path / "runs" / "r0"))
+    assert (row["heldout_step"], row["heldout_strict_gain"]) == (100, 0.02)
+    assert (row["heldout_best_step"], row["heldout_best_dense_gain"]) == (50, 0.05)  # best by dense_score
+    assert row["verdict_strict_gain"] == 0.01 and row["verdict_step"] == 100 and "verdict_final" not in row
+
+    out = tmp_path / "collated"
+    proc = subprocess.run([sys.executable, "experiments/collate.py", f"runs={tmp_path / 'runs'}", f"out={out}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    groups = pd.read_csv(out / "groups.csv")
+    assert groups["verdict_strict_gain_mean"][0] == pytest.approx(0.015) and groups["heldout_best_step_mean"][0] == 75
+    assert (out / "heldout_vs_step.png").stat().st_size > 0
