@@ -169,9 +169,9 @@ class HeldoutEval(Callback):
 
     def _restore(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Every rank loads best.ckpt's weights into the module (before it exports its policy)."""
-        if not self.best_path.is_file():  # a resumed run whose first run kept no best.ckpt for the base
-            log.warning("heldout.restore_best: the best held-out policy (step %d) has no checkpoints/best.ckpt; "
-                        "the run ends with its last policy", self.best[1])
+        if not self.best_path.is_file():  # the best came before a resume into this directory
+            log.warning("heldout.restore_best: this run directory holds no checkpoints/best.ckpt of the best held-out "
+                        "policy (step %d, before the resume); the run ends with its last policy", self.best[1])
             return
         trainer.strategy.barrier()
         pl_module.load_state_dict(trainer.strategy.load_checkpoint(self.best_path)["state_dict"])
