@@ -85,6 +85,7 @@ class HeldoutEval(Callback):
         self.final_base: dict | None = None  # the base's evaluation on the verdict's set
         self.verdict: dict | None = None  # the final policy's, with its step and gains
         self.restored: tuple[float, int] | None = None  # (score, step) of the best policy the run went back to
+        self.best_file: Path | None = None  # the best.ckpt holding `best` (a resumed run's may be its first run's)
 
     @property
     def enabled(self) -> bool:
@@ -130,7 +131,7 @@ class HeldoutEval(Callback):
         if self.best is None:
             self.best = (self.base[self.metric], trainer.global_step)
             if self.restore_best:  # the start's policy, so that there is always a best to go back to
-                trainer.save_checkpoint(self.best_path)
+                self._save_best(trainer)
 
     def _prepare_verdict(self, trainer: L.Trainer, policy) -> None:
         """The base's scores on the verdict set (rank 0, which alone grades): kept from the run's
@@ -167,14 +168,18 @@ class HeldoutEval(Callback):
     def best_path(self) -> Path:
         return self.run_dir / "checkpoints" / "best.ckpt"
 
+    def _save_best(self, trainer: L.Trainer) -> None:
+        self.best_file = self.best_path  # before saving: the checkpoint records where its best is
+        trainer.save_checkpoint(self.best_path)
+
     def _restore(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Every rank loads best.ckpt's weights into the module (before it exports its policy)."""
-        if not self.best_path.is_file():  # the best came before a resume into this directory
-            log.warning("heldout.restore_best: this run directory holds no checkpoints/best.ckpt of the best held-out "
-                        "policy (step %d, before the resume); the run ends with its last policy", self.best[1])
+        if self.best_file is None or not self.best_file.is_file():
+            log.warning("heldout.restore_best: no checkpoint of the best held-out policy (step %d) is at hand (%s); "
+                        "the run ends with its last policy", self.best[1], self.best_file or "none written")
             return
         trainer.strategy.barrier()
-        pl_module.load_state_dict(trainer.strategy.load_checkpoint(self.best_path)["state_dict"])
+        pl_module.load_state_dict(trainer.strategy.load_checkpoint(self.best_file)["state_dict"])
         self.restored = self.best
         log.info("held-out: went back to the best policy, step %d (%s %.3f): policy.safetensors and the verdict are "
                  "of it; checkpoints/last.ckpt still resumes step %d", self.best[1], self.metric, self.best[0],
@@ -206,7 +211,7 @@ class HeldoutEval(Callback):
         score = trainer.strategy.broadcast(result[self.metric] if result is not None else None, src=0)
         if score > self.best[0]:
             self.best = (score, trainer.global_step)
-            trainer.save_checkpoint(self.best_path)
+            self._save_best(trainer)
             log.info("held-out %s %.3f: new best, wrote checkpoints/best.ckpt", self.metric, score)
         elif self.stop_margin is not None and score < self.best[0] - self.stop_margin:
             log.warning("held-out %s %.3f fell more than %g below its best %.3f (step %d): stopping early",
@@ -237,12 +242,14 @@ class HeldoutEval(Callback):
 
     # ---- checkpoints: the base and the best survive a resume ---------------------------
     def state_dict(self) -> dict:
-        return {"base": self.base, "best": list(self.best) if self.best is not None else None, "final_base": self.final_base}
+        return {"base": self.base, "best": list(self.best) if self.best is not None else None, "final_base": self.final_base,
+                "best_file": str(self.best_file) if self.best_file is not None else None}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.base = state_dict["base"]
         self.best = tuple(state_dict["best"]) if state_dict["best"] is not None else None
         self.final_base = state_dict.get("final_base")
+        self.best_file = Path(state_dict["best_file"]) if state_dict.get("best_file") else None
 
 
 def overall(gain: dict) -> dict:

@@ -80,3 +80,11 @@ def test_a_resumed_run_whose_first_run_scored_no_verdict_base_says_so(tmp_path, 
     assert trainer.global_step == 3 and resumed.base == first.base  # still paired with the first run's base
     assert "no held-out verdict" in caplog.text and resumed.verdict is None
     assert not (tmp_path / "resumed" / "heldout_final.json").exists()
+
+
+def test_restore_best_after_a_resume_into_a_new_directory_finds_the_first_runs_best(tmp_path):
+    first, trainer, seen, _ = run(tmp_path / "first", [0.5, 0.6, 0.55], max_steps=2)
+    trainer.save_checkpoint(tmp_path / "interrupted.ckpt")  # as its last.ckpt: the best (step 1) is in first/
+    resumed, trainer, _, final = run(tmp_path / "resumed", [0.4], max_steps=3, ckpt_path=tmp_path / "interrupted.ckpt",
+                                     restore_best=True)
+    assert resumed.restored == (0.6, 1) and torch.equal(final, seen[1])
