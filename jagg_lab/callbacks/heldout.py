@@ -157,11 +157,13 @@ class HeldoutEval(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         done = self.latest is not None and self.latest["step"] == trainer.global_step
         interrupted = any(isinstance(c, SafeStop) and c.signal is not None for c in trainer.callbacks)
-        if self.enabled and not interrupted and not done:  # an interrupted run ends at once
+        if not self.enabled or interrupted:  # an interrupted run ends at once
+            return
+        if not done:
             self._check(trainer, pl_module)
-        if self.enabled and not interrupted and self.restore_best and self.best[1] != trainer.global_step:
+        if self.restore_best and self.best[1] != trainer.global_step:
             self._restore(trainer, pl_module)
-        if self.enabled and not interrupted and self.final_base is not None and trainer.is_global_zero:
+        if self.final_base is not None and trainer.is_global_zero:
             self._verdict(trainer, pl_module)
 
     @property
