@@ -21,16 +21,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from hydra.utils import instantiate
-from omegaconf.errors import OmegaConfBaseException
 
 from jagg_lab import cli
-from jagg_lab.bench.common import check_device, gradient_phase, machine
+from jagg_lab.bench.common import check_device, gradient_phase, machine, training_config, training_rollout, training_setting
 from jagg_lab.bench.report import markdown_table
 from jagg_lab.module import GRPOModule
-from jagg_lab.rewards.base import check_scores
 from jagg_lab.strategies import (
     FullStrategy,
     GradientStrategy,
@@ -44,8 +39,6 @@ from jagg_lab.strategies.bias import ErrorSums, bias_summary
 from jagg_lab.strategies.core import flat_grad
 
 __all__ = ["BiasArgs", "ESTIMATORS", "bench_bias", "main"]
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 # name -> (window, seed[, cos_threshold]) -> strategy; every estimator is compared with `full` on the same rollout
 ESTIMATORS: dict[str, Callable[..., GradientStrategy]] = {
@@ -99,19 +92,8 @@ class BiasArgs:
 def _setting(args: BiasArgs):
     """The training setting, composed and checked as `jagg_lab.train` does; a bad override
     raises ValueError naming it, before the policy is built."""
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("train", overrides=[f"+experiment={args.experiment}", f"seed={args.seed}", *args.overrides])
-        sampler, grpo, data = instantiate(cfg.sampler), instantiate(cfg.grpo), instantiate(cfg.data)
-        grpo.check_batch(data.samples_per_step)
-        grpo.trained_steps(sampler.num_steps)
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
-        raise ValueError(f"experiment/overrides: {getattr(err, '__cause__', None) or err}") from None
-    torch.manual_seed(args.seed)
-    module = GRPOModule(policy=instantiate(cfg.policy), sampler=sampler, reward=instantiate(cfg.reward),
-                        strategy=FullStrategy(), grpo=grpo, optimizer=lambda params: None,
-                        group_size=data.group_size, seed=args.seed, sample_every=0).to(args.device)
-    return cfg, module, data
+    cfg = training_config(args.experiment, args.seed, args.overrides)
+    return (cfg, *training_setting(cfg, args.seed, args.device))
 
 
 def _gradient(strategy: GradientStrategy, module: GRPOModule, rollout, advantages, device: str) -> tuple[torch.Tensor, dict, float]:
@@ -172,16 +154,7 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     stream = iter(data.train_dataloader())
     start = time.perf_counter()
     for i in range(args.n_rollouts):
-        batch = next(stream)
-        prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
-        metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
-        module.rollouts_done = i  # the training step's noise and advantage seeds for rollout i
-        module.policy.eval()
-        rollout = module.make_rollout(prompts, torch.Generator().manual_seed(args.seed * 1_000_003 + i))
-        scores = module.reward(module.policy.decode(rollout.final), prompts, metadata)
-        rewards = check_scores(scores, len(prompts), module.reward.name).float().to(args.device)
-        group_ids = torch.arange(len(batch["prompts"]), device=args.device).repeat_interleave(data.group_size)
-        advantages = module.advantages(rewards, group_ids)
+        rollout, advantages = training_rollout(module, data, next(stream), i, args.seed, args.device)
         module.policy.train()
         f, stats, t = _gradient(FullStrategy(), module, rollout, advantages, args.device)
         count(("full", 1, None), stats, t)

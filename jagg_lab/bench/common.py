@@ -16,6 +16,11 @@ from typing import Callable
 
 import numpy as np
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 from safetensors import safe_open
 from torch import nn
 
@@ -30,13 +35,56 @@ from jagg_lab.types import Rollout
 from jagg_lab.worlds.shapes import sample_prompt
 
 __all__ = [
-    "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
+    "training_config", "training_setting", "training_rollout", "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
     "MEMORY_METHODS", "Memory", "is_out_of_memory", "free_memory", "limit_memory", "measure_memory",
     "check_device", "check_minimum", "check_resolution", "check_sampling",
 ]
 
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
 # ---- the module and its rollout ---------------------------------------------------------
+def training_config(experiment: str, seed: int, overrides: list[str]) -> DictConfig:
+    """The training config of `python -m jagg_lab.train +experiment=E seed=S ...`, composed and
+    checked as training checks it; a bad experiment or override raises ValueError naming it."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=[f"+experiment={experiment}", f"seed={seed}", *overrides])
+        sampler, grpo, data = instantiate(cfg.sampler), instantiate(cfg.grpo), instantiate(cfg.data)
+        grpo.check_batch(data.samples_per_step)
+        grpo.trained_steps(sampler.num_steps)
+        instantiate(cfg.strategy)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        raise ValueError(f"experiment/overrides: {getattr(err, '__cause__', None) or err}") from None
+    return cfg
+
+
+def training_setting(cfg: DictConfig, seed: int, device: str):
+    """(module, data) of a training config: the policy, sampler, reward and GRPO settings a run
+    of it trains with. The module's own strategy (full) is never used: benchmarks pass theirs."""
+    torch.manual_seed(seed)
+    data = instantiate(cfg.data)
+    module = GRPOModule(policy=instantiate(cfg.policy), sampler=instantiate(cfg.sampler), reward=instantiate(cfg.reward),
+                        strategy=FullStrategy(), grpo=instantiate(cfg.grpo), optimizer=lambda params: None,
+                        group_size=data.group_size, seed=seed, sample_every=0).to(device)
+    return module, data
+
+
+def training_rollout(module: GRPOModule, data, batch: dict, index: int, seed: int, device: str) -> tuple[Rollout, torch.Tensor]:
+    """Rollout `index` of a training run's prompt stream (`batch` its prompts), with the noise and
+    advantages that run's step would draw for it; the policy's weights as they are."""
+    prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
+    metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
+    module.rollouts_done = index  # the training step's noise and advantage seeds for rollout `index`
+    module.policy.eval()
+    rollout = module.make_rollout(prompts, torch.Generator().manual_seed(seed * 1_000_003 + index))
+    scores = module.reward(module.policy.decode(rollout.final), prompts, metadata)
+    rewards = check_scores(scores, len(prompts), module.reward.name).float().to(device)
+    group_ids = torch.arange(len(batch["prompts"]), device=device).repeat_interleave(data.group_size)
+    return rollout, module.advantages(rewards, group_ids)
+
+
 def dit_policy(size: str, resolution: int, checkpoint: str | None, seed: int) -> tuple[nn.Module, str]:
     """The shapes DiT and where its weights came from. "shipped" falls back to random weights
     where the file is absent or made for another size / resolution; random weights get their

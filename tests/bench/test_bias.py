@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jagg_lab.bench import bias
+from jagg_lab.bench import bias, common
 from jagg_lab.bench.__main__ import main
 
 TINY = ["policy=dit_xs", "policy.checkpoint=null", "data.prompts_per_step=1", "data.group_size=4",
@@ -43,7 +43,7 @@ def test_bias_report_has_every_column(tmp_path):
     (["overrides=[grpo.micro_batch_size=7]"], "micro_batch_size"),
 ])
 def test_bad_input_is_refused_before_any_model_is_built(argv, key, capsys, monkeypatch):
-    monkeypatch.setattr(bias, "GRPOModule", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr(common, "GRPOModule", lambda *a, **k: pytest.fail("a model was built"))
     assert main(["bias", *argv]) == 2
     assert key in capsys.readouterr().err
 
