@@ -5,13 +5,14 @@ import logging
 import sys
 from typing import Callable
 
-from jagg_lab.bench import bias, speed, strategies
+from jagg_lab.bench import arms, bias, speed, strategies
 
 # command -> its main(argv) -> exit status; a new benchmark is one more entry
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "strategies": strategies.main,
     "speed": speed.main,
     "bias": bias.main,
+    "arms": arms.main,
 }
 
 

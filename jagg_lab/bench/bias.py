@@ -13,17 +13,25 @@ point the same way when the error is systematic.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from jagg_lab import cli
-from jagg_lab.bench.common import check_device, gradient_phase, machine, training_config, training_rollout, training_setting
+from jagg_lab.bench.common import (
+    check_device,
+    command_line,
+    gradient_phase,
+    machine,
+    training_config,
+    training_rollout,
+    training_setting,
+    write_json,
+)
 from jagg_lab.bench.report import markdown_table
 from jagg_lab.module import GRPOModule
 from jagg_lab.strategies import (
@@ -39,6 +47,8 @@ from jagg_lab.strategies.bias import ErrorSums, bias_summary
 from jagg_lab.strategies.core import flat_grad
 
 __all__ = ["BiasArgs", "ESTIMATORS", "bench_bias", "main"]
+
+PROG = "python -m jagg_lab.bench bias"
 
 # name -> (window, seed[, cos_threshold]) -> strategy; every estimator is compared with `full` on the same rollout
 ESTIMATORS: dict[str, Callable[..., GradientStrategy]] = {
@@ -106,17 +116,6 @@ def _gradient(strategy: GradientStrategy, module: GRPOModule, rollout, advantage
     return grad, {key: stats[key] for key in COUNTED if key in stats}, seconds
 
 
-def command_line(args: BiasArgs) -> str:
-    """The command that reproduces a report: the arguments that differ from the defaults."""
-    given = []
-    for f in fields(BiasArgs):
-        value, default = getattr(args, f.name), f.default if f.default is not MISSING else f.default_factory()
-        if value != default:
-            text = "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
-            given.append(f'"{f.name}={text}"' if isinstance(value, list) else f"{f.name}={text}")
-    return " ".join(["python -m jagg_lab.bench bias", *given])
-
-
 def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: None, setting=None,
                partial: Callable[[dict], None] | None = None) -> dict:
     """The report over `n_rollouts` rollouts; `partial(report)` receives the report so far after
@@ -143,7 +142,7 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
                  "gradient_s_per_rollout": seconds[key] / done, **(bias_summary(sums[key]) if key in sums else {})}
                 for key in work]
         return {
-            "command": command_line(args), "args": asdict(args),
+            "command": command_line(args, PROG), "args": asdict(args),
             "setting": {"sampler": dict(cfg.sampler), "grpo_train_fraction": cfg.grpo.train_fraction,
                         "trained_steps": list(objective.trained_steps), "samples_per_rollout": data.samples_per_step,
                         "policy": dict(cfg.policy)},
@@ -168,16 +167,6 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     return report(args.n_rollouts)
 
 
-def write_report(report: dict, out: str) -> None:
-    """Write atomically: a reader never sees half a file, and an interrupted run leaves its last
-    complete partial report."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
-
-
 COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("backward_items_per_rollout", "backward items", "{:.1f}"),
            ("cos_threshold", "routing threshold", "{}"), ("jagg_frac_per_rollout", "routed share", "{:.2f}"),
            ("per_rollout_cosine", "per-rollout cos(g, f)", "{:.3f}"), ("z", "z (no bias: ~1)", "{:.2f}"),
@@ -196,9 +185,9 @@ def _main(args: BiasArgs) -> int:
         sys.stderr.write(f"bias: {err}\n")
         return 2
     report = bench_bias(args, progress=lambda line: sys.stderr.write(line + "\n"), setting=setting,
-                        partial=(lambda r: write_report(r, args.out)) if args.out else None)
+                        partial=(lambda r: write_json(r, args.out)) if args.out else None)
     if args.out:
-        write_report(report, args.out)
+        write_json(report, args.out)
     z_full = report["rows"][1]["z_full"] if len(report["rows"]) > 1 else float("nan")
     sys.stdout.write(f"{args.n_rollouts} rollouts in {report['wall_s']:.0f} s; z of the mean full gradient itself: {z_full:.2f}\n")
     sys.stdout.write(table(report) + "\n")
@@ -206,4 +195,4 @@ def _main(args: BiasArgs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.run(_main, BiasArgs, "python -m jagg_lab.bench bias", argv)
+    return cli.run(_main, BiasArgs, PROG, argv)

@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +37,7 @@ from jagg_lab.worlds.shapes import sample_prompt
 __all__ = [
     "training_config", "training_setting", "training_rollout", "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
     "MEMORY_METHODS", "Memory", "is_out_of_memory", "free_memory", "limit_memory", "measure_memory",
-    "check_device", "check_minimum", "check_resolution", "check_sampling",
+    "check_device", "check_minimum", "check_resolution", "check_sampling", "command_line", "write_json",
 ]
 
 
@@ -251,6 +251,27 @@ def machine(device: str) -> dict:
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "python": platform.python_version(),
     }
+
+
+def command_line(args: object, prog: str) -> str:
+    """The command that reproduces a report: `prog` and the arguments that differ from the defaults."""
+    given = []
+    for f in fields(args):
+        value, default = getattr(args, f.name), f.default if f.default is not MISSING else f.default_factory()
+        if value != default:
+            text = "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
+            given.append(f'"{f.name}={text}"' if isinstance(value, list) else f"{f.name}={text}")
+    return " ".join([prog, *given])
+
+
+def write_json(report: dict, out: str) -> None:
+    """Write atomically: a reader never sees half a file, and an interrupted run leaves its last
+    complete partial report."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
 
 
 # ---- checks of the settings, each naming the benchmark's own key ---------------------------

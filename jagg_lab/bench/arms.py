@@ -1,0 +1,166 @@
+"""`bench arms`: what each training experiment's gradient phase costs, timed side by side.
+
+    python -m jagg_lab.bench arms "experiments=[full,jagg_w4,subsample_w6,jagg_cv_w4]" out=FILE.json
+
+Training runs log their gradient-phase seconds (`time_gradient_s` in metrics.csv), but runs
+made at different times, or several at once on shared cores, cannot be compared by them. This
+benchmark puts the experiments on one footing: each round draws one rollout of the training
+stream (rollout i of a run of the first experiment, its noise and advantages), then runs every
+experiment's gradient phase on it as its training step would (its strategy from its config, the
+micro-batches of grpo.micro_batch_size, from zeroed gradients), in an order rotated each round.
+Per experiment: backward items per step, the median gradient-phase seconds per step over the
+timed rounds, and both as a share of the reference's. The experiments must agree on every
+setting but the strategy (the policy, sampler, reward, data and GRPO settings), else their
+rollouts would differ; a mismatch is refused naming the experiment and the key.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from jagg_lab import cli
+from jagg_lab.bench.common import (
+    check_device,
+    command_line,
+    gradient_phase,
+    machine,
+    training_config,
+    training_rollout,
+    training_setting,
+    write_json,
+)
+from jagg_lab.bench.report import markdown_table
+
+__all__ = ["ArmsArgs", "SHARED", "bench_arms", "main"]
+
+PROG = "python -m jagg_lab.bench arms"
+
+# the config groups the experiments must agree on: they make the rollout the strategies share
+SHARED = ("policy", "sampler", "reward", "data", "grpo")
+
+
+@dataclass
+class ArmsArgs:
+    """Gradient-phase seconds and backward items per training step of each experiment, timed
+    round-robin on the same rollouts (see `python -m jagg_lab.bench arms`'s module docstring)."""
+
+    out: str | None = None  # a new JSON file for the report (None: print only)
+    experiments: list[str] = field(default_factory=lambda: ["full", "jagg_w4", "subsample_w4"])  # +experiment=...
+    reference: str | None = None  # the experiment the shares are of (None: the first)
+    overrides: list[str] = field(default_factory=list)  # training-config overrides for every experiment
+    rounds: int = 6  # timed rounds, one rollout each
+    warmup: int = 1  # untimed rounds before them
+    seed: int = 0  # training seed: prompt stream, rollout noise, the strategies' draws
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.experiments or len(set(self.experiments)) != len(self.experiments):
+            raise ValueError(f"experiments: a non-empty list without repeats, got {self.experiments}")
+        if self.reference is not None and self.reference not in self.experiments:
+            raise ValueError(f"reference: {self.reference!r} is not one of the experiments {self.experiments}")
+        if self.rounds < 1 or self.warmup < 0:
+            raise ValueError(f"rounds must be >= 1 and warmup >= 0, got rounds={self.rounds}, warmup={self.warmup}")
+        check_device(self.device)
+        if self.out is not None and Path(self.out).exists():
+            raise ValueError(f"out: {self.out} already exists; choose a new file")
+
+
+def _configs(args: ArmsArgs) -> dict:
+    """Each experiment's training config; ValueError naming the experiment whose composition
+    fails or whose shared settings differ from the first's, before any model is built."""
+    configs = {}
+    for name in args.experiments:
+        try:
+            configs[name] = training_config(name, args.seed, args.overrides)
+        except ValueError as err:
+            raise ValueError(f"experiments: {name}: {err}") from None
+    first, *rest = args.experiments
+    for name in rest:
+        for group in SHARED:
+            a, b = (OmegaConf.to_container(configs[n][group], resolve=True) for n in (first, name))
+            if a != b:
+                keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+                raise ValueError(f"experiments: {name} differs from {first} in {', '.join(f'{group}.{k}' for k in keys)}; "
+                                 "only the strategy may differ")
+    return configs
+
+
+def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: None, configs: dict | None = None) -> dict:
+    configs = configs or _configs(args)
+    first = configs[args.experiments[0]]
+    module, data = training_setting(first, args.seed, args.device)
+    strategies = {name: instantiate(cfg.strategy) for name, cfg in configs.items()}
+    micro_batches = data.samples_per_step // module.grpo.micro_batch_size
+    seconds = {name: [] for name in strategies}
+    items = {name: [] for name in strategies}
+    stream = iter(data.train_dataloader())
+    load_start, start = os.getloadavg(), time.perf_counter()
+    names = list(strategies)
+    for i in range(args.warmup + args.rounds):
+        rollout, advantages = training_rollout(module, data, next(stream), i, args.seed, args.device)
+        rotate = i % len(names)
+        for name in names[rotate:] + names[:rotate]:
+            t, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device, micro_batches=micro_batches)
+            if i >= args.warmup:
+                seconds[name].append(t)
+                items[name].append(stats["backward_items"])
+        module.policy.zero_grad(set_to_none=True)
+        progress(f"round {i + 1}/{args.warmup + args.rounds} ({'warm-up' if i < args.warmup else 'timed'}), "
+                 f"{time.perf_counter() - start:.0f} s")
+
+    reference = args.reference or args.experiments[0]
+    rows = [{"experiment": name, "strategy": OmegaConf.to_container(configs[name].strategy, resolve=True),
+             "backward_items": statistics.fmean(items[name]), "gradient_s": statistics.median(seconds[name]),
+             "gradient_s_rounds": seconds[name]} for name in names]
+    ref = next(r for r in rows if r["experiment"] == reference)
+    for row in rows:
+        row["items_vs_reference"] = row["backward_items"] / ref["backward_items"]
+        row["time_vs_reference"] = row["gradient_s"] / ref["gradient_s"]
+        row["seconds_per_item"] = row["gradient_s"] / row["backward_items"]
+    return {
+        "command": command_line(args, PROG), "args": asdict(args), "reference": reference,
+        "setting": {group: OmegaConf.to_container(first[group], resolve=True) for group in ("sampler", "grpo", "data")},
+        "micro_batches": micro_batches,
+        "machine": {**machine(args.device), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "wall_s": time.perf_counter() - start,
+        "notes": [f"gradient_s: median over {args.rounds} timed rounds after {args.warmup} warm-up round(s), one training-stream "
+                  "rollout per round, every experiment's gradient phase on it, order rotated each round",
+                  "gradient phase = a training step's work after its rollout (its micro-batches, from zeroed gradients); "
+                  "the optimizer step, the same for every experiment, is left out, so the weights stay the base's"],
+        "rows": rows,
+    }
+
+
+COLUMNS = [("experiment", "experiment", "{}"), ("backward_items", "backward items / step", "{:g}"),
+           ("items_vs_reference", "x reference items", "{:.2f}"), ("gradient_s", "gradient s / step", "{:.2f}"),
+           ("time_vs_reference", "x reference time", "{:.2f}"), ("seconds_per_item", "s / item", "{:.3f}")]
+
+
+def table(report: dict) -> str:
+    return markdown_table(report["rows"], COLUMNS)
+
+
+def _main(args: ArmsArgs) -> int:
+    try:
+        configs = _configs(args)
+    except ValueError as err:
+        sys.stderr.write(f"arms: {err}\n")
+        return 2
+    report = bench_arms(args, progress=lambda line: sys.stderr.write(line + "\n"), configs=configs)
+    if args.out:
+        write_json(report, args.out)
+    sys.stdout.write(f"reference: {report['reference']}; {args.rounds} timed rounds in {report['wall_s']:.0f} s\n")
+    sys.stdout.write(table(report) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, ArmsArgs, PROG, argv)
