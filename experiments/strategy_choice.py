@@ -12,8 +12,11 @@ reference's seed std. gains: `experiments/default_gain.py` outputs whose scored 
 the curve (gain against steps and cumulative backward items, on their own evaluation set) and,
 where recorded, each arm's backward items per optimizer step (read first from a `metrics.csv`
 next to a final evaluation, as a training run writes it); `items` gives them for arms whose runs
-recorded neither. Backward items stand for gradient-phase time: at equal memory a
-step's gradient phase costs what its backward items cost (README, "Speed"). Writes
+recorded neither. arms: a `python -m jagg_lab.bench arms` report that timed the arms' gradient
+phases side by side (its experiments named as the arms): it gives each arm's gradient-phase
+seconds per optimizer step, the curve's time axis, and the equal-time comparison: each arm's last
+curve point against the reference's curve at the same cumulative gradient-phase seconds
+(interpolated linearly in steps between its scored points, through the base at step 0). Writes
 `OUT/choice.{json,md}`; OUT is never overwritten.
 """
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Args:
     finals: list[str] = field(default_factory=list)  # NAME=GLOB: an arm's final-policy evaluations, one per seed
     gains: list[str] = field(default_factory=list)  # default_gain.py gain.json files: curves, items per step
     items: list[str] = field(default_factory=list)  # NAME=N backward items per optimizer step, where gains lack them
+    arms: str | None = None  # a `bench arms` report: gradient-phase seconds per step of each arm, timed side by side
     reference: str = "full"  # the arm the others are measured against
     out: str = "outputs/choice"  # never overwritten
 
@@ -61,6 +65,13 @@ def choose(args: Args) -> None:
     if empty:
         raise FileNotFoundError(f"finals: nothing matches {empty}")
     base = json.loads(Path(args.base).read_text())
+    seconds = {}
+    if args.arms is not None:  # gradient-phase seconds per step, timed side by side
+        if not Path(args.arms).is_file():
+            raise FileNotFoundError(f"arms: no such file {args.arms}")
+        seconds = {row["experiment"]: row["gradient_s"] for row in json.loads(Path(args.arms).read_text())["rows"]}
+        if args.reference not in seconds:
+            raise ValueError(f"arms: {args.arms} did not time the reference {args.reference!r} (it timed {sorted(seconds)})")
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
     for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
         recorded = [gradient_phase(Path(p).parent)["backward_items"] for p in paths if (Path(p).parent / "metrics.csv").is_file()]
@@ -77,12 +88,15 @@ def choose(args: Args) -> None:
         runs = [{"evaluation": p, **{k: v for k, v in paired_gain(json.loads(Path(p).read_text()), base).items()
                                       if k != "per_category"}} for p in paths]
         (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in runs]), _spread([r["dense_gain"] for r in runs])
-        arms.append({"arm": name, "seeds": len(runs), "items_per_step": items.get(name), "strict_gain_mean": sm,
+        arms.append({"arm": name, "seeds": len(runs), "items_per_step": items.get(name),
+                     "gradient_s_per_step": seconds.get(name), "strict_gain_mean": sm,
                      "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds, "runs": runs})
     ref = next(a for a in arms if a["arm"] == args.reference)
     for arm in arms:
         arm["items_vs_reference"] = (arm["items_per_step"] / ref["items_per_step"]
                                      if arm["items_per_step"] and ref["items_per_step"] else None)
+        arm["time_vs_reference"] = (arm["gradient_s_per_step"] / ref["gradient_s_per_step"]
+                                    if arm["gradient_s_per_step"] and ref["gradient_s_per_step"] else None)
         for metric in ("strict", "dense"):  # distance to the reference's mean in its seed std
             std = ref[f"{metric}_gain_std"]
             arm[f"{metric}_vs_reference_in_std"] = (arm[f"{metric}_gain_mean"] - ref[f"{metric}_gain_mean"]) / std if std > 0 else float("nan")
@@ -96,25 +110,78 @@ def choose(args: Args) -> None:
         (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in rows]), _spread([r["dense_gain"] for r in rows])
         per_step = items.get(name)
         curve_rows.append({"arm": name, "steps": steps, "seeds": len(rows), "items": per_step * steps if per_step else None,
+                           "gradient_s": seconds[name] * steps if name in seconds else None,
                            "strict_gain_mean": sm, "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds})
+    equal_time = _equal_time(curve_rows, seconds, args.reference)
 
     n_final = base.get("n_samples")
     n_curve = {r["args"].get("curve_n_eval") or r["args"]["n_eval"] for r in gain_files}
     lines = [f"Final policies on the verdict set (n = {n_final}), gain over the base: mean +- std over training seeds; "
              f"'vs {args.reference}' = (mean - {args.reference}'s mean) / {args.reference}'s seed std", "",
-             "| arm | seeds | backward items / step | x " + args.reference + " | strict gain | vs " + args.reference
-             + " | dense gain | vs " + args.reference + " |", "|---|---|---|---|---|---|---|---|"]
+             "| arm | seeds | backward items / step | x " + args.reference + " | gradient s / step | x " + args.reference
+             + " | strict gain | vs " + args.reference + " | dense gain | vs " + args.reference + " |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {a['arm']} | {a['seeds']} | {_num(a['items_per_step'])} | {_num(a['items_vs_reference'], '.2f')} "
+              f"| {_num(a['gradient_s_per_step'], '.2f')} | {_num(a['time_vs_reference'], '.2f')} "
               f"| {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} | {a['strict_vs_reference_in_std']:+.1f} "
               f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} | {a['dense_vs_reference_in_std']:+.1f} |" for a in arms]
     lines += ["", f"Curves (scored checkpoints and final policies, n = {', '.join(str(n) for n in sorted(n_curve))}): "
-              "gain against optimizer steps and cumulative backward items", "",
-              "| arm | steps | backward items | seeds | strict gain | dense gain |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['arm']} | {r['steps']} | {_num(r['items'])} | {r['seeds']} | {r['strict_gain_mean']:+.3f} +- {r['strict_gain_std']:.3f} "
+              "gain against optimizer steps, cumulative backward items and cumulative gradient-phase seconds", "",
+              "| arm | steps | backward items | gradient s | seeds | strict gain | dense gain |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['steps']} | {_num(r['items'])} | {_num(r['gradient_s'], '.0f')} | {r['seeds']} "
+              f"| {r['strict_gain_mean']:+.3f} +- {r['strict_gain_std']:.3f} "
               f"| {r['dense_gain_mean']:+.3f} +- {r['dense_gain_std']:.3f} |" for r in curve_rows]
-    (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows}, indent=2) + "\n")
+    if equal_time:
+        lines += ["", f"Equal gradient-phase time (curve set): each arm's last curve point against {args.reference}'s curve "
+                  f"at the same cumulative seconds ({args.reference}'s steps interpolated linearly between its scored "
+                  "points, through the base at step 0; mean and std over seeds interpolated alike)", "",
+                  f"| arm | steps | gradient s | {args.reference} steps in that time | strict gain | {args.reference} strict gain "
+                  f"| difference | dense gain | {args.reference} dense gain | difference |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['arm']} | {r['steps']} | {r['gradient_s']:.0f} | {r['reference_steps']:.1f} "
+                  + " | ".join(f"{r[f'{m}_gain_mean']:+.3f} +- {r[f'{m}_gain_std']:.3f} | {_gain(r, f'reference_{m}')} | "
+                               + ("-" if r[f"reference_{m}_gain_mean"] is None
+                                  else f"{r[f'{m}_gain_mean'] - r[f'reference_{m}_gain_mean']:+.3f}") for m in ("strict", "dense"))
+                  + " |" for r in equal_time]
+    (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows,
+                                                 "equal_time": equal_time}, indent=2) + "\n")
     (out / "choice.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _equal_time(curve_rows: list[dict], seconds: dict[str, float], reference: str) -> list[dict]:
+    """Each timed arm's last curve point next to the reference's curve at the same cumulative
+    gradient-phase seconds; the reference's gain is None where that lies past its last point."""
+    ref = [(0, 0.0, 0.0, 0.0, 0.0)] + [(r["steps"], r["strict_gain_mean"], r["strict_gain_std"], r["dense_gain_mean"],
+                                        r["dense_gain_std"]) for r in curve_rows if r["arm"] == reference]
+    last = {}
+    for row in curve_rows:  # sorted by arm and steps: an arm's last row is its last point
+        if row["arm"] != reference and row["arm"] in seconds:
+            last[row["arm"]] = row
+    if reference not in seconds or len(ref) < 2:
+        return []
+    rows = []
+    for name, row in last.items():
+        steps = row["gradient_s"] / seconds[reference]
+        at = _interpolate(ref, steps)
+        rows.append({"arm": name, "steps": row["steps"], "gradient_s": row["gradient_s"], "reference_steps": steps,
+                     **{k: row[k] for k in ("seeds", "strict_gain_mean", "strict_gain_std", "dense_gain_mean", "dense_gain_std")},
+                     **dict(zip(("reference_strict_gain_mean", "reference_strict_gain_std", "reference_dense_gain_mean",
+                                 "reference_dense_gain_std"), at or (None,) * 4))})
+    return rows
+
+
+def _interpolate(points: list[tuple], x: float) -> tuple | None:
+    """Values of (x, *values) points linearly at x; None past the last point."""
+    for (x0, *v0), (x1, *v1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            w = (x - x0) / (x1 - x0)
+            return tuple(a + w * (b - a) for a, b in zip(v0, v1))
+    return None
+
+
+def _gain(row: dict, prefix: str) -> str:
+    mean = row[f"{prefix}_gain_mean"]
+    return "-" if mean is None else f"{mean:+.3f} +- {row[f'{prefix}_gain_std']:.3f}"
 
 
 def _num(value: float | None, spec: str = "g") -> str:

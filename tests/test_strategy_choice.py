@@ -47,3 +47,39 @@ def test_strategy_choice_tabulates_seed_spread_and_equal_item_curves(tmp_path):
     assert (row["items"], row["dense_gain_mean"]) == (40.0, pytest.approx(0.15))
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode != 0 and "exists" in again.stderr  # never overwritten
+
+
+def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_path):
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(evaluation([0] * 6, [0.5] * 6, "shipped")))
+    for arm in ("full", "cheap", "slow"):
+        (tmp_path / f"{arm}_seed0.json").write_text(json.dumps(evaluation([1, 0, 0, 0, 0, 0], [0.6] * 6, arm)))
+    points = [("full", 10, 0.10), ("full", 20, 0.30), ("cheap", 20, 0.25), ("slow", 20, 0.40)]  # (arm, steps, dense gain)
+    curve = tmp_path / "gain.json"
+    curve.write_text(json.dumps({"args": {"n_eval": 512, "curve_n_eval": 0}, "runs": [],
+                                 "checkpoints": [{"arm": a, "seed": 0, "steps": n, "strict_gain": g / 2, "dense_gain": g}
+                                                 for a, n, g in points]}))
+    timed = tmp_path / "arms.json"  # as `bench arms` writes it: seconds per step, side by side
+    timed.write_text(json.dumps({"rows": [{"experiment": "full", "gradient_s": 1.0}, {"experiment": "cheap", "gradient_s": 0.75},
+                                          {"experiment": "slow", "gradient_s": 2.0}]}))
+    out = tmp_path / "choice"
+    cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
+           f"finals=[full={tmp_path}/full_seed*.json,cheap={tmp_path}/cheap_seed*.json,slow={tmp_path}/slow_seed*.json]",
+           f"gains=[{curve}]", "items=[full=6,cheap=3,slow=6]", f"arms={timed}", f"out={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "choice.json").read_text())
+    arms = {a["arm"]: a for a in result["arms"]}
+    assert arms["cheap"]["time_vs_reference"] == pytest.approx(0.75) and arms["full"]["gradient_s_per_step"] == 1.0
+    assert [r["gradient_s"] for r in result["curve"] if r["arm"] == "full"] == [10.0, 20.0]
+    rows = {r["arm"]: r for r in result["equal_time"]}
+    assert set(rows) == {"cheap", "slow"}
+    # cheap's 20 steps take 15 s: full's 15th step, halfway between its points at 10 (0.10) and 20 (0.30)
+    assert rows["cheap"]["reference_steps"] == pytest.approx(15)
+    assert rows["cheap"]["reference_dense_gain_mean"] == pytest.approx(0.20)
+    assert rows["cheap"]["reference_strict_gain_mean"] == pytest.approx(0.10)
+    assert rows["slow"]["reference_steps"] == pytest.approx(40) and rows["slow"]["reference_dense_gain_mean"] is None
+    assert "Equal gradient-phase time" in (out / "choice.md").read_text()
+    bad = subprocess.run([*cmd[:-2], f"arms={tmp_path}/nope.json", f"out={tmp_path}/other"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "arms" in bad.stderr and not (tmp_path / "other").exists()
