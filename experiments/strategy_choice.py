@@ -1,9 +1,11 @@
 """Which gradient strategy should a user pick? Each arm's held-out gain over the base, over its
-training seeds (mean and seed-to-seed std), at equal optimizer steps and at equal backward items.
+training seeds (mean and seed-to-seed std), at equal optimizer steps, equal backward items and
+equal gradient-phase time.
 
     python experiments/strategy_choice.py base=BASE.json \
         "finals=[full=DIR/full_seed*.json,jagg_cv_w6=DIR/jagg_cv_w6_seed*/eval.json]" \
-        "gains=[DIR/full/gain.json,DIR/jagg_cv_w6/gain.json]" "items=[full=12]" out=DIR
+        "gains=[DIR/full/gain.json,DIR/jagg_cv_w6/gain.json]" "items=[full=12]" \
+        curve_base=DIR/base_curve.json arms=ARMS.json out=DIR
 
 finals: NAME=GLOB, the final policies of an arm (one per seed) scored by `jagg_lab.evaluate` on
 the same samples as `base` (the verdict set, e.g. n = 2048): paired gains per seed, then their
@@ -12,12 +14,15 @@ reference's seed std. gains: `experiments/default_gain.py` outputs whose scored 
 the curve (gain against steps and cumulative backward items, on their own evaluation set) and,
 where recorded, each arm's backward items per optimizer step (read first from a `metrics.csv`
 next to a final evaluation, as a training run writes it); `items` gives them for arms whose runs
-recorded neither. arms: a `python -m jagg_lab.bench arms` report that timed the arms' gradient
-phases side by side (its experiments named as the arms): it gives each arm's gradient-phase
-seconds per optimizer step, the curve's time axis, and the equal-time comparison: each arm's last
-curve point against the reference's curve at the same cumulative gradient-phase seconds
-(interpolated linearly in steps between its scored points, through the base at step 0). Writes
-`OUT/choice.{json,md}`; OUT is never overwritten.
+recorded neither. curve_base: the base's evaluation on the curve set; each final whose run
+directory keeps `eval_curve.json` (its final policy on that set, as default_gain leaves it) adds
+that point to the curve, so runs made one seed at a time count once each. arms: a
+`python -m jagg_lab.bench arms` report that timed the arms' gradient phases side by side (its
+experiments named as the arms): each arm's gradient-phase seconds per optimizer step, the
+curve's time axis, and the equal-time comparison: each arm's last curve point against the
+reference's curve at the same cumulative gradient-phase seconds (interpolated linearly in steps
+between its scored points, through the base at step 0). Writes `OUT/choice.{json,md}`; OUT is
+never overwritten.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from pathlib import Path
 from default_gain import gradient_phase  # experiments/ is this script's directory
 from jagg_lab import cli
 from jagg_lab.evaluation import paired_gain
+from omegaconf import OmegaConf
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Args:
     gains: list[str] = field(default_factory=list)  # default_gain.py gain.json files: curves, items per step
     items: list[str] = field(default_factory=list)  # NAME=N backward items per optimizer step, where gains lack them
     arms: str | None = None  # a `bench arms` report: gradient-phase seconds per step of each arm, timed side by side
+    curve_base: str | None = None  # the base on the curve set: each final's eval_curve.json (next to it) becomes a curve point
     reference: str = "full"  # the arm the others are measured against
     out: str = "outputs/choice"  # never overwritten
 
@@ -65,6 +72,11 @@ def choose(args: Args) -> None:
     if empty:
         raise FileNotFoundError(f"finals: nothing matches {empty}")
     base = json.loads(Path(args.base).read_text())
+    curve_base = None
+    if args.curve_base is not None:
+        if not Path(args.curve_base).is_file():
+            raise FileNotFoundError(f"curve_base: no such file {args.curve_base}")
+        curve_base = json.loads(Path(args.curve_base).read_text())
     seconds = {}
     if args.arms is not None:  # gradient-phase seconds per step, timed side by side
         if not Path(args.arms).is_file():
@@ -101,12 +113,15 @@ def choose(args: Args) -> None:
             std = ref[f"{metric}_gain_std"]
             arm[f"{metric}_vs_reference_in_std"] = (arm[f"{metric}_gain_mean"] - ref[f"{metric}_gain_mean"]) / std if std > 0 else float("nan")
 
-    curve: dict[tuple[str, int], list[dict]] = {}
+    curve: dict[tuple[str, int], dict] = {}  # (arm, steps) -> {seed: scored point}; a point found twice counts once
     for result in gain_files:
         for row in result["checkpoints"]:
-            curve.setdefault((row["arm"], row["steps"]), []).append(row)
+            curve.setdefault((row["arm"], row["steps"]), {})[row["seed"]] = row
+    for (name, steps, seed), row in _run_curve_points(files, curve_base).items():
+        curve.setdefault((name, steps), {})[seed] = row
     curve_rows = []
-    for (name, steps), rows in sorted(curve.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (name, steps), by_seed in sorted(curve.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        rows = list(by_seed.values())
         (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in rows]), _spread([r["dense_gain"] for r in rows])
         per_step = items.get(name)
         curve_rows.append({"arm": name, "steps": steps, "seeds": len(rows), "items": per_step * steps if per_step else None,
@@ -115,7 +130,8 @@ def choose(args: Args) -> None:
     equal_time = _equal_time(curve_rows, seconds, args.reference)
 
     n_final = base.get("n_samples")
-    n_curve = {r["args"].get("curve_n_eval") or r["args"]["n_eval"] for r in gain_files}
+    n_curve = {r["args"].get("curve_n_eval") or r["args"]["n_eval"] for r in gain_files} | (
+        {curve_base["n_samples"]} if curve_base else set())
     lines = [f"Final policies on the verdict set (n = {n_final}), gain over the base: mean +- std over training seeds; "
              f"'vs {args.reference}' = (mean - {args.reference}'s mean) / {args.reference}'s seed std", "",
              "| arm | seeds | backward items / step | x " + args.reference + " | gradient s / step | x " + args.reference
@@ -146,6 +162,26 @@ def choose(args: Args) -> None:
                                                  "equal_time": equal_time}, indent=2) + "\n")
     (out / "choice.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _run_curve_points(files: dict[str, list[str]], curve_base: dict | None) -> dict[tuple[str, int, int], dict]:
+    """(arm, steps, seed) -> the gain of a final policy on the curve set, for every final whose run
+    directory keeps its curve-set evaluation (eval_curve.json), config.yaml (the seed) and metrics.csv
+    (the steps), as `default_gain.py` leaves them; ValueError if it scored other samples than curve_base."""
+    points = {}
+    if curve_base is None:
+        return points
+    for name, paths in files.items():
+        for path in paths:
+            run_dir = Path(path).parent
+            if all((run_dir / f).is_file() for f in ("eval_curve.json", "config.yaml", "metrics.csv")):
+                seed, steps = OmegaConf.load(run_dir / "config.yaml").seed, gradient_phase(run_dir)["steps"]
+                try:
+                    gain = paired_gain(json.loads((run_dir / "eval_curve.json").read_text()), curve_base)
+                except ValueError as err:
+                    raise ValueError(f"curve_base: {run_dir / 'eval_curve.json'}: {err}") from None
+                points[name, steps, seed] = {"arm": name, "seed": seed, "steps": steps, **gain}
+    return points
 
 
 def _equal_time(curve_rows: list[dict], seconds: dict[str, float], reference: str) -> list[dict]:

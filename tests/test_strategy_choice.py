@@ -53,19 +53,28 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     base = tmp_path / "base.json"
     base.write_text(json.dumps(evaluation([0] * 6, [0.5] * 6, "shipped")))
     for arm in ("full", "cheap", "slow"):
-        (tmp_path / f"{arm}_seed0.json").write_text(json.dumps(evaluation([1, 0, 0, 0, 0, 0], [0.6] * 6, arm)))
+        (tmp_path / f"{arm}_seed0").mkdir()  # its curve point is in gain.json below
+        (tmp_path / f"{arm}_seed0" / "eval.json").write_text(json.dumps(evaluation([1, 0, 0, 0, 0, 0], [0.6] * 6, arm)))
+    # cheap's second seed ran on its own: its run directory keeps the final policy's curve-set score
+    run = tmp_path / "cheap_seed1"
+    run.mkdir()
+    (run / "eval.json").write_text(json.dumps(evaluation([1, 0, 0, 0, 0, 0], [0.6] * 6, "cheap")))
+    (run / "eval_curve.json").write_text(json.dumps(evaluation([0] * 6, [0.5 + 0.35] * 6, "cheap")))
+    (run / "config.yaml").write_text("seed: 1\n")
+    (run / "metrics.csv").write_text("step,backward_items,time_gradient_s\n" + "".join(f"{i},3,0.5\n" for i in range(1, 21)))
     points = [("full", 10, 0.10), ("full", 20, 0.30), ("cheap", 20, 0.25), ("slow", 20, 0.40)]  # (arm, steps, dense gain)
     curve = tmp_path / "gain.json"
     curve.write_text(json.dumps({"args": {"n_eval": 512, "curve_n_eval": 0}, "runs": [],
                                  "checkpoints": [{"arm": a, "seed": 0, "steps": n, "strict_gain": g / 2, "dense_gain": g}
-                                                 for a, n, g in points]}))
+                                                 for a, n, g in points]
+                                 + [{"arm": "cheap", "seed": 1, "steps": 20, "strict_gain": 0, "dense_gain": 0.35}]}))  # counted once
     timed = tmp_path / "arms.json"  # as `bench arms` writes it: seconds per step, side by side
     timed.write_text(json.dumps({"rows": [{"experiment": "full", "gradient_s": 1.0}, {"experiment": "cheap", "gradient_s": 0.75},
                                           {"experiment": "slow", "gradient_s": 2.0}]}))
     out = tmp_path / "choice"
     cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
-           f"finals=[full={tmp_path}/full_seed*.json,cheap={tmp_path}/cheap_seed*.json,slow={tmp_path}/slow_seed*.json]",
-           f"gains=[{curve}]", "items=[full=6,cheap=3,slow=6]", f"arms={timed}", f"out={out}"]
+           f"finals=[full={tmp_path}/full_seed*/eval.json,cheap={tmp_path}/cheap_seed*/eval.json,slow={tmp_path}/slow_seed*/eval.json]",
+           f"gains=[{curve}]", "items=[full=6,cheap=3,slow=6]", f"curve_base={base}", f"arms={timed}", f"out={out}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "choice.json").read_text())
@@ -75,7 +84,8 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     rows = {r["arm"]: r for r in result["equal_time"]}
     assert set(rows) == {"cheap", "slow"}
     # cheap's 20 steps take 15 s: full's 15th step, halfway between its points at 10 (0.10) and 20 (0.30)
-    assert rows["cheap"]["reference_steps"] == pytest.approx(15)
+    assert rows["cheap"]["reference_steps"] == pytest.approx(15) and rows["cheap"]["seeds"] == 2
+    assert rows["cheap"]["dense_gain_mean"] == pytest.approx((0.25 + 0.35) / 2)
     assert rows["cheap"]["reference_dense_gain_mean"] == pytest.approx(0.20)
     assert rows["cheap"]["reference_strict_gain_mean"] == pytest.approx(0.10)
     assert rows["slow"]["reference_steps"] == pytest.approx(40) and rows["slow"]["reference_dense_gain_mean"] is None
