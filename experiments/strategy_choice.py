@@ -21,8 +21,8 @@ that point to the curve, so runs made one seed at a time count once each. arms: 
 experiments named as the arms): each arm's gradient-phase seconds per optimizer step, the
 curve's time axis, and the equal-time comparison: each arm's last curve point against the
 reference's curve at the same cumulative gradient-phase seconds (interpolated linearly in steps
-between its scored points, through the base at step 0). Writes `OUT/choice.{json,md}`; OUT is
-never overwritten.
+between its scored points, through the base at step 0). Writes `OUT/choice.{json,md}` and
+`OUT/gain_vs_cost.png` (the curves); OUT is never overwritten.
 """
 from __future__ import annotations
 
@@ -33,10 +33,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from default_gain import gradient_phase  # experiments/ is this script's directory
-from jagg_lab import cli
-from jagg_lab.evaluation import paired_gain
-from omegaconf import OmegaConf
+import matplotlib
+
+matplotlib.use("Agg")  # files only: runs headless
+import matplotlib.pyplot as plt  # noqa: E402
+from default_gain import gradient_phase  # noqa: E402  (experiments/ is this script's directory)
+from jagg_lab import cli  # noqa: E402
+from jagg_lab.evaluation import paired_gain  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 
 @dataclass
@@ -160,8 +164,35 @@ def choose(args: Args) -> None:
                   + " |" for r in equal_time]
     (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows,
                                                  "equal_time": equal_time}, indent=2) + "\n")
+    _plot_curves(curve_rows, out / "gain_vs_cost.png")
     (out / "choice.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _plot_curves(curve_rows: list[dict], path: Path) -> None:
+    """Strict gain (mean +- std over seeds, from the base at 0) against cumulative backward items
+    and, where timed, gradient-phase seconds: one line per arm."""
+    axes_keys = [key for key in ("items", "gradient_s") if any(r[key] is not None for r in curve_rows)]
+    if not axes_keys:
+        return
+    fig, axes = plt.subplots(1, len(axes_keys), figsize=(6 * len(axes_keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], axes_keys):
+        for name in dict.fromkeys(r["arm"] for r in curve_rows):
+            rows = [r for r in curve_rows if r["arm"] == name and r[key] is not None]
+            if not rows:
+                continue
+            x = [0.0] + [r[key] for r in rows]
+            mean = [0.0] + [r["strict_gain_mean"] for r in rows]
+            std = [0.0] + [r["strict_gain_std"] if r["seeds"] > 1 else 0.0 for r in rows]
+            line, = ax.plot(x, mean, marker="o", label=f"{name} ({max(r['seeds'] for r in rows)} seeds)")
+            ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            color=line.get_color(), alpha=0.15)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xlabel({"items": "cumulative backward items", "gradient_s": "cumulative gradient-phase seconds"}[key])
+        ax.set_ylabel("held-out strict gain over the base")
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
 
 def _run_curve_points(files: dict[str, list[str]], curve_base: dict | None) -> dict[tuple[str, int, int], dict]:

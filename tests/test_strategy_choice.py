@@ -89,7 +89,7 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     assert rows["cheap"]["reference_dense_gain_mean"] == pytest.approx(0.20)
     assert rows["cheap"]["reference_strict_gain_mean"] == pytest.approx(0.10)
     assert rows["slow"]["reference_steps"] == pytest.approx(40) and rows["slow"]["reference_dense_gain_mean"] is None
-    assert "Equal gradient-phase time" in (out / "choice.md").read_text()
+    assert "Equal gradient-phase time" in (out / "choice.md").read_text() and (out / "gain_vs_cost.png").stat().st_size > 0
     bad = subprocess.run([*cmd[:-2], f"arms={tmp_path}/nope.json", f"out={tmp_path}/other"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "arms" in bad.stderr and not (tmp_path / "other").exists()
