@@ -5,7 +5,7 @@ equal gradient-phase time.
     python experiments/strategy_choice.py base=BASE.json \
         "finals=[full=DIR/full_seed*.json,jagg_cv_w6=DIR/jagg_cv_w6_seed*/eval.json]" \
         "gains=[DIR/full/gain.json,DIR/jagg_cv_w6/gain.json]" "items=[full=12]" \
-        curve_base=DIR/base_curve.json arms=ARMS.json out=DIR
+        curve_base=DIR/base_curve.json timing=ARMS.json out=DIR
 
 finals: NAME=GLOB, the final policies of an arm (one per seed) scored by `jagg_lab.evaluate` on
 the same samples as `base` (the verdict set, e.g. n = 2048): paired gains per seed, then their
@@ -16,7 +16,7 @@ where recorded, each arm's backward items per optimizer step (read first from a 
 next to a final evaluation, as a training run writes it); `items` gives them for arms whose runs
 recorded neither. curve_base: the base's evaluation on the curve set; each final whose run
 directory keeps `eval_curve.json` (its final policy on that set, as default_gain leaves it) adds
-that point to the curve, so runs made one seed at a time count once each. arms: a
+that point to the curve, so runs made one seed at a time count once each. timing: a
 `python -m jagg_lab.bench arms` report that timed the arms' gradient phases side by side (its
 experiments named as the arms): each arm's gradient-phase seconds per optimizer step, the
 curve's time axis, and the equal-time comparison: each arm's last curve point against the
@@ -49,7 +49,7 @@ class Args:
     finals: list[str] = field(default_factory=list)  # NAME=GLOB: an arm's final-policy evaluations, one per seed
     gains: list[str] = field(default_factory=list)  # default_gain.py gain.json files: curves, items per step
     items: list[str] = field(default_factory=list)  # NAME=N backward items per optimizer step, where gains lack them
-    arms: str | None = None  # a `bench arms` report: gradient-phase seconds per step of each arm, timed side by side
+    timing: str | None = None  # a `bench arms` report: gradient-phase seconds per step of each arm, timed side by side
     curve_base: str | None = None  # the base on the curve set: each final's eval_curve.json (next to it) becomes a curve point
     reference: str = "full"  # the arm the others are measured against
     out: str = "outputs/choice"  # never overwritten
@@ -75,19 +75,15 @@ def choose(args: Args) -> None:
     empty = [f"{name}={finals[name]}" for name, paths in files.items() if not paths]
     if empty:
         raise FileNotFoundError(f"finals: nothing matches {empty}")
+    if out.exists():
+        raise FileExistsError(f"out: {out} exists; choose a new directory")
     base = json.loads(Path(args.base).read_text())
     curve_base = None
     if args.curve_base is not None:
         if not Path(args.curve_base).is_file():
             raise FileNotFoundError(f"curve_base: no such file {args.curve_base}")
         curve_base = json.loads(Path(args.curve_base).read_text())
-    seconds = {}
-    if args.arms is not None:  # gradient-phase seconds per step, timed side by side
-        if not Path(args.arms).is_file():
-            raise FileNotFoundError(f"arms: no such file {args.arms}")
-        seconds = {row["experiment"]: row["gradient_s"] for row in json.loads(Path(args.arms).read_text())["rows"]}
-        if args.reference not in seconds:
-            raise ValueError(f"arms: {args.arms} did not time the reference {args.reference!r} (it timed {sorted(seconds)})")
+    seconds = _timing(args.timing, files, args.reference)
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
     for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
         recorded = [gradient_phase(Path(p).parent)["backward_items"] for p in paths if (Path(p).parent / "metrics.csv").is_file()]
@@ -97,8 +93,6 @@ def choose(args: Args) -> None:
         for row in result["runs"]:
             if "backward_items" in row:
                 items.setdefault(row["arm"], row["backward_items"])
-    out.mkdir(parents=True, exist_ok=False)
-
     arms = []
     for name, paths in files.items():
         runs = [{"evaluation": p, **{k: v for k, v in paired_gain(json.loads(Path(p).read_text()), base).items()
@@ -155,17 +149,21 @@ def choose(args: Args) -> None:
         lines += ["", f"Equal gradient-phase time (curve set): each arm's last curve point against {args.reference}'s curve "
                   f"at the same cumulative seconds ({args.reference}'s steps interpolated linearly between its scored "
                   "points, through the base at step 0; mean and std over seeds interpolated alike)", "",
-                  f"| arm | steps | gradient s | {args.reference} steps in that time | strict gain | {args.reference} strict gain "
-                  f"| difference | dense gain | {args.reference} dense gain | difference |", "|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['arm']} | {r['steps']} | {r['gradient_s']:.0f} | {r['reference_steps']:.1f} "
+                  f"| arm | seeds | steps | gradient s | {args.reference} steps in that time | strict gain | {args.reference} strict gain "
+                  f"| difference | dense gain | {args.reference} dense gain | difference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['arm']} | {r['seeds']} | {r['steps']} | {r['gradient_s']:.0f} | {r['reference_steps']:.1f} "
                   + " | ".join(f"{r[f'{m}_gain_mean']:+.3f} +- {r[f'{m}_gain_std']:.3f} | {_gain(r, f'reference_{m}')} | "
                                + ("-" if r[f"reference_{m}_gain_mean"] is None
                                   else f"{r[f'{m}_gain_mean'] - r[f'reference_{m}_gain_mean']:+.3f}") for m in ("strict", "dense"))
                   + " |" for r in equal_time]
-    (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows,
-                                                 "equal_time": equal_time}, indent=2) + "\n")
+    untimed = [a["arm"] for a in arms if seconds and a["gradient_s_per_step"] is None]
+    if untimed:
+        lines += ["", f"Not in the timing report (no seconds): {', '.join(untimed)}"]
+    out.mkdir(parents=True, exist_ok=False)  # everything is read and checked: now write, the JSON last
     _plot_curves(curve_rows, out / "gain_vs_cost.png")
     (out / "choice.md").write_text("\n".join(lines) + "\n")
+    (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows,
+                                                 "equal_time": equal_time}, indent=2) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
 
 
@@ -193,6 +191,31 @@ def _plot_curves(curve_rows: list[dict], path: Path) -> None:
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> dict[str, float]:
+    """{arm: gradient-phase seconds per optimizer step} from a `bench arms` report, refused unless it
+    timed the reference and the sampler, GRPO and data settings of every run that kept its config."""
+    if path is None:
+        return {}
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"timing: no such file {path}")
+    report = json.loads(Path(path).read_text())
+    seconds = {row["experiment"]: row["gradient_s"] for row in report["rows"]}
+    if reference not in seconds:
+        raise ValueError(f"timing: {path} did not time the reference {reference!r} (it timed {sorted(seconds)})")
+    for paths in files.values():
+        for final in paths:
+            config = Path(final).parent / "config.yaml"
+            if not config.is_file():
+                continue
+            run = OmegaConf.to_container(OmegaConf.load(config))
+            for group in ("sampler", "grpo", "data"):  # data.seed is the run's own seed
+                timed, trained = ({k: v for k, v in d.get(group, {}).items() if k != "seed"} for d in (report["setting"], run))
+                if timed != trained:
+                    keys = sorted(k for k in timed.keys() | trained.keys() if timed.get(k) != trained.get(k))
+                    raise ValueError(f"timing: {path} timed other {group} settings than {config} trained with: {keys}")
+    return seconds
 
 
 def _run_curve_points(files: dict[str, list[str]], curve_base: dict | None) -> dict[tuple[str, int, int], dict]:
@@ -241,7 +264,7 @@ def _interpolate(points: list[tuple], x: float) -> tuple | None:
     """Values of (x, *values) points linearly at x; None past the last point."""
     for (x0, *v0), (x1, *v1) in zip(points, points[1:]):
         if x0 <= x <= x1:
-            w = (x - x0) / (x1 - x0)
+            w = (x - x0) / (x1 - x0) if x1 > x0 else 1.0
             return tuple(a + w * (b - a) for a, b in zip(v0, v1))
     return None
 

@@ -92,6 +92,10 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         )
         return rollout.for_training()
 
+    def rollout_generator(self) -> torch.Generator:
+        """The noise of rollout `rollouts_done` of this run: a resumed or re-run step draws the same."""
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done)
+
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Advantages of the whole global batch (every rank computes the same ones)."""
         shuffle = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done + 1)
@@ -152,7 +156,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         prompts = [p for p in batch["prompts"] for _ in range(self.group_size)][rows]
         metadata = [m for m in batch["metadata"] for _ in range(self.group_size)][rows]
         group_ids = torch.arange(len(batch["prompts"]), device=self.device).repeat_interleave(self.group_size)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done)
+        generator = self.rollout_generator()
 
         t0 = time.perf_counter()
         self.policy.eval()

@@ -52,7 +52,7 @@ def test_strategy_choice_tabulates_seed_spread_and_equal_item_curves(tmp_path):
 def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_path):
     base = tmp_path / "base.json"
     base.write_text(json.dumps(evaluation([0] * 6, [0.5] * 6, "shipped")))
-    for arm in ("full", "cheap", "slow"):
+    for arm in ("full", "cheap", "slow", "fast"):
         (tmp_path / f"{arm}_seed0").mkdir()  # its curve point is in gain.json below
         (tmp_path / f"{arm}_seed0" / "eval.json").write_text(json.dumps(evaluation([1, 0, 0, 0, 0, 0], [0.6] * 6, arm)))
     # cheap's second seed ran on its own: its run directory keeps the final policy's curve-set score
@@ -62,19 +62,19 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     (run / "eval_curve.json").write_text(json.dumps(evaluation([0] * 6, [0.5 + 0.35] * 6, "cheap")))
     (run / "config.yaml").write_text("seed: 1\n")
     (run / "metrics.csv").write_text("step,backward_items,time_gradient_s\n" + "".join(f"{i},3,0.5\n" for i in range(1, 21)))
-    points = [("full", 10, 0.10), ("full", 20, 0.30), ("cheap", 20, 0.25), ("slow", 20, 0.40)]  # (arm, steps, dense gain)
+    points = [("full", 10, 0.10), ("full", 20, 0.30), ("cheap", 20, 0.25), ("slow", 20, 0.40), ("fast", 20, 0.05)]  # (arm, steps, dense gain)
     curve = tmp_path / "gain.json"
     curve.write_text(json.dumps({"args": {"n_eval": 512, "curve_n_eval": 0}, "runs": [],
                                  "checkpoints": [{"arm": a, "seed": 0, "steps": n, "strict_gain": g / 2, "dense_gain": g}
                                                  for a, n, g in points]
                                  + [{"arm": "cheap", "seed": 1, "steps": 20, "strict_gain": 0, "dense_gain": 0.35}]}))  # counted once
     timed = tmp_path / "arms.json"  # as `bench arms` writes it: seconds per step, side by side
-    timed.write_text(json.dumps({"rows": [{"experiment": "full", "gradient_s": 1.0}, {"experiment": "cheap", "gradient_s": 0.75},
-                                          {"experiment": "slow", "gradient_s": 2.0}]}))
+    timed.write_text(json.dumps({"setting": {}, "rows": [{"experiment": "full", "gradient_s": 1.0}, {"experiment": "cheap", "gradient_s": 0.75},
+                                                         {"experiment": "slow", "gradient_s": 2.0}, {"experiment": "fast", "gradient_s": 0.25}]}))
     out = tmp_path / "choice"
     cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
-           f"finals=[full={tmp_path}/full_seed*/eval.json,cheap={tmp_path}/cheap_seed*/eval.json,slow={tmp_path}/slow_seed*/eval.json]",
-           f"gains=[{curve}]", "items=[full=6,cheap=3,slow=6]", f"curve_base={base}", f"arms={timed}", f"out={out}"]
+           f"finals=[full={tmp_path}/full_seed*/eval.json,cheap={tmp_path}/cheap_seed*/eval.json,slow={tmp_path}/slow_seed*/eval.json,fast={tmp_path}/fast_seed*/eval.json]",
+           f"gains=[{curve}]", "items=[full=6,cheap=3,slow=6,fast=2]", f"curve_base={base}", f"timing={timed}", f"out={out}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "choice.json").read_text())
@@ -82,7 +82,9 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     assert arms["cheap"]["time_vs_reference"] == pytest.approx(0.75) and arms["full"]["gradient_s_per_step"] == 1.0
     assert [r["gradient_s"] for r in result["curve"] if r["arm"] == "full"] == [10.0, 20.0]
     rows = {r["arm"]: r for r in result["equal_time"]}
-    assert set(rows) == {"cheap", "slow"}
+    assert set(rows) == {"cheap", "slow", "fast"}
+    # fast's 20 steps take 5 s: full's 5th step, halfway from the base (0) to its first point (0.10)
+    assert rows["fast"]["reference_steps"] == pytest.approx(5) and rows["fast"]["reference_dense_gain_mean"] == pytest.approx(0.05)
     # cheap's 20 steps take 15 s: full's 15th step, halfway between its points at 10 (0.10) and 20 (0.30)
     assert rows["cheap"]["reference_steps"] == pytest.approx(15) and rows["cheap"]["seeds"] == 2
     assert rows["cheap"]["dense_gain_mean"] == pytest.approx((0.25 + 0.35) / 2)
@@ -90,6 +92,10 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     assert rows["cheap"]["reference_strict_gain_mean"] == pytest.approx(0.10)
     assert rows["slow"]["reference_steps"] == pytest.approx(40) and rows["slow"]["reference_dense_gain_mean"] is None
     assert "Equal gradient-phase time" in (out / "choice.md").read_text() and (out / "gain_vs_cost.png").stat().st_size > 0
-    bad = subprocess.run([*cmd[:-2], f"arms={tmp_path}/nope.json", f"out={tmp_path}/other"], cwd=REPO,
+    bad = subprocess.run([*cmd[:-2], f"timing={tmp_path}/nope.json", f"out={tmp_path}/other"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "arms" in bad.stderr and not (tmp_path / "other").exists()
+    assert bad.returncode != 0 and "timing" in bad.stderr and not (tmp_path / "other").exists()
+    # a timing report of other sampler settings than the runs trained with is refused, nothing written
+    (run / "config.yaml").write_text("seed: 1\nsampler: {num_steps: 10}\n")
+    other = subprocess.run([*cmd[:-1], f"out={tmp_path}/other"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and "num_steps" in other.stderr and not (tmp_path / "other").exists()

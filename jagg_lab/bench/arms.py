@@ -8,10 +8,12 @@ benchmark puts the experiments on one footing: each round draws one rollout of t
 stream (rollout i of a run of the first experiment, its noise and advantages), then runs every
 experiment's gradient phase on it as its training step would (its strategy from its config, the
 micro-batches of grpo.micro_batch_size, from zeroed gradients), in an order rotated each round.
-Per experiment: backward items per step, the median gradient-phase seconds per step over the
-timed rounds, and both as a share of the reference's. The experiments must agree on every
-setting but the strategy (the policy, sampler, reward, data and GRPO settings), else their
-rollouts would differ; a mismatch is refused naming the experiment and the key.
+Per experiment: backward items per optimizer step, the median gradient-phase seconds per
+optimizer step over the timed rounds, and both as a share of the reference's. The gradient
+phase runs in float32, as the CPU trainer runs it; an experiment that trains in another
+precision is refused. The experiments must agree on every setting but the strategy (the
+policy, sampler, reward, data and GRPO settings), else their rollouts would differ; a mismatch
+is refused naming the experiment and the key.
 """
 from __future__ import annotations
 
@@ -82,6 +84,10 @@ def _configs(args: ArmsArgs) -> dict:
             configs[name] = training_config(name, args.seed, args.overrides)
         except ValueError as err:
             raise ValueError(f"experiments: {name}: {err}") from None
+    for name, cfg in configs.items():  # the benchmark runs the gradient phase in float32, as a 32-true run does
+        precision = str(cfg.trainer.get("precision", "32-true"))
+        if precision not in ("32-true", "32"):
+            raise ValueError(f"experiments: {name} trains with trainer.precision={precision}; this benchmark times float32 only")
     first, *rest = args.experiments
     for name in rest:
         for group in SHARED:
@@ -99,13 +105,14 @@ def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: No
     module, data = training_setting(first, args.seed, args.device)
     strategies = {name: instantiate(cfg.strategy) for name, cfg in configs.items()}
     micro_batches = data.samples_per_step // module.grpo.micro_batch_size
+    per_rollout = module.grpo.optimizer_steps_per_rollout  # optimizer steps per rollout: a step's share of its work
     seconds = {name: [] for name in strategies}
     items = {name: [] for name in strategies}
     stream = iter(data.train_dataloader())
     load_start, start = os.getloadavg(), time.perf_counter()
     names = list(strategies)
     for i in range(args.warmup + args.rounds):
-        rollout, advantages = training_rollout(module, data, next(stream), i, args.seed, args.device)
+        rollout, advantages = training_rollout(module, data, next(stream), i, args.device)
         rotate = i % len(names)
         for name in names[rotate:] + names[:rotate]:
             t, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device, micro_batches=micro_batches)
@@ -118,7 +125,8 @@ def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: No
 
     reference = args.reference or args.experiments[0]
     rows = [{"experiment": name, "strategy": OmegaConf.to_container(configs[name].strategy, resolve=True),
-             "backward_items": statistics.fmean(items[name]), "gradient_s": statistics.median(seconds[name]),
+             "backward_items": statistics.fmean(items[name]) / per_rollout,
+             "gradient_s": statistics.median(seconds[name]) / per_rollout,
              "gradient_s_rounds": seconds[name]} for name in names]
     ref = next(r for r in rows if r["experiment"] == reference)
     for row in rows:
@@ -128,11 +136,13 @@ def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: No
     return {
         "command": command_line(args, PROG), "args": asdict(args), "reference": reference,
         "setting": {group: OmegaConf.to_container(first[group], resolve=True) for group in ("sampler", "grpo", "data")},
-        "micro_batches": micro_batches,
+        "micro_batches": micro_batches, "optimizer_steps_per_rollout": per_rollout,
         "machine": {**machine(args.device), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "wall_s": time.perf_counter() - start,
-        "notes": [f"gradient_s: median over {args.rounds} timed rounds after {args.warmup} warm-up round(s), one training-stream "
-                  "rollout per round, every experiment's gradient phase on it, order rotated each round",
+        "notes": [f"gradient_s and backward_items are per optimizer step (a rollout's divided by grpo.optimizer_steps_per_rollout); "
+                  f"gradient_s: median over {args.rounds} timed rounds after {args.warmup} warm-up round(s), one training-stream "
+                  "rollout per round, every experiment's gradient phase on it, order rotated each round; gradient_s_rounds: "
+                  "each round's seconds per rollout",
                   "gradient phase = a training step's work after its rollout (its micro-batches, from zeroed gradients); "
                   "the optimizer step, the same for every experiment, is left out, so the weights stay the base's"],
         "rows": rows,

@@ -153,7 +153,7 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     stream = iter(data.train_dataloader())
     start = time.perf_counter()
     for i in range(args.n_rollouts):
-        rollout, advantages = training_rollout(module, data, next(stream), i, args.seed, args.device)
+        rollout, advantages = training_rollout(module, data, next(stream), i, args.device)
         module.policy.train()
         f, stats, t = _gradient(FullStrategy(), module, rollout, advantages, args.device)
         count(("full", 1, None), stats, t)

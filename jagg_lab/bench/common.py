@@ -63,22 +63,22 @@ def training_config(experiment: str, seed: int, overrides: list[str]) -> DictCon
 def training_setting(cfg: DictConfig, seed: int, device: str):
     """(module, data) of a training config: the policy, sampler, reward and GRPO settings a run
     of it trains with. The module's own strategy (full) is never used: benchmarks pass theirs."""
-    torch.manual_seed(seed)
-    data = instantiate(cfg.data)
-    module = GRPOModule(policy=instantiate(cfg.policy), sampler=instantiate(cfg.sampler), reward=instantiate(cfg.reward),
-                        strategy=FullStrategy(), grpo=instantiate(cfg.grpo), optimizer=lambda params: None,
-                        group_size=data.group_size, seed=seed, sample_every=0).to(device)
+    data, sampler, grpo = instantiate(cfg.data), instantiate(cfg.sampler), instantiate(cfg.grpo)
+    torch.manual_seed(seed)  # the policy's random weights, as a run of this seed draws them
+    policy = instantiate(cfg.policy)
+    module = GRPOModule(policy=policy, sampler=sampler, reward=instantiate(cfg.reward), strategy=FullStrategy(), grpo=grpo,
+                        optimizer=lambda params: None, group_size=data.group_size, seed=seed, sample_every=0).to(device)
     return module, data
 
 
-def training_rollout(module: GRPOModule, data, batch: dict, index: int, seed: int, device: str) -> tuple[Rollout, torch.Tensor]:
+def training_rollout(module: GRPOModule, data, batch: dict, index: int, device: str) -> tuple[Rollout, torch.Tensor]:
     """Rollout `index` of a training run's prompt stream (`batch` its prompts), with the noise and
     advantages that run's step would draw for it; the policy's weights as they are."""
     prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
     metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
     module.rollouts_done = index  # the training step's noise and advantage seeds for rollout `index`
     module.policy.eval()
-    rollout = module.make_rollout(prompts, torch.Generator().manual_seed(seed * 1_000_003 + index))
+    rollout = module.make_rollout(prompts, module.rollout_generator())
     scores = module.reward(module.policy.decode(rollout.final), prompts, metadata)
     rewards = check_scores(scores, len(prompts), module.reward.name).float().to(device)
     group_ids = torch.arange(len(batch["prompts"]), device=device).repeat_interleave(data.group_size)
