@@ -18,10 +18,12 @@ recorded neither. curve_base: the base's evaluation on the curve set; each final
 directory keeps `eval_curve.json` (its final policy on that set, as default_gain leaves it) adds
 that point to the curve, so runs made one seed at a time count once each. timing: a
 `python -m jagg_lab.bench arms` report that timed the arms' gradient phases side by side (its
-experiments named as the arms): each arm's gradient-phase seconds per optimizer step, the
-curve's time axis, and the equal-time comparison: each arm's last curve point against the
-reference's curve at the same cumulative gradient-phase seconds (interpolated linearly in steps
-between its scored points, through the base at step 0). Writes `OUT/choice.{json,md}` and
+experiments named as the arms): each arm's gradient-phase seconds per optimizer step (its runs'
+backward items per step at the timed seconds per item, so a drawing strategy is charged for the
+draws its runs made, not those of the timed rounds), the curve's time axis, and the equal-time
+comparison: each arm's last curve point against the reference's curve at the same cumulative
+gradient-phase seconds (interpolated linearly in steps between its scored points, through the
+base at step 0). Writes `OUT/choice.{json,md}` and
 `OUT/gain_vs_cost.png` (the curves); OUT is never overwritten.
 """
 from __future__ import annotations
@@ -83,7 +85,7 @@ def choose(args: Args) -> None:
         if not Path(args.curve_base).is_file():
             raise FileNotFoundError(f"curve_base: no such file {args.curve_base}")
         curve_base = json.loads(Path(args.curve_base).read_text())
-    seconds = _timing(args.timing, files, args.reference)
+    per_item = _timing(args.timing, files, args.reference)
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
     for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
         recorded = [gradient_phase(Path(p).parent)["backward_items"] for p in paths if (Path(p).parent / "metrics.csv").is_file()]
@@ -93,6 +95,9 @@ def choose(args: Args) -> None:
         for row in result["runs"]:
             if "backward_items" in row:
                 items.setdefault(row["arm"], row["backward_items"])
+    # an arm's seconds per step: its runs' backward items per step at the seconds per item timed side by side
+    # (a drawing strategy's timed rounds hold fewer draws than its runs; without recorded items, the timed step)
+    seconds = {name: per_item[name][0] * items[name] if name in items else per_item[name][1] for name in per_item}
     arms = []
     for name, paths in files.items():
         runs = [{"evaluation": p, **{k: v for k, v in paired_gain(json.loads(Path(p).read_text()), base).items()
@@ -151,7 +156,7 @@ def choose(args: Args) -> None:
                   "points, through the base at step 0; mean and std over seeds interpolated alike)", "",
                   f"| arm | seeds | steps | gradient s | {args.reference} steps in that time | strict gain | {args.reference} strict gain "
                   f"| difference | dense gain | {args.reference} dense gain | difference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['arm']} | {r['seeds']} | {r['steps']} | {r['gradient_s']:.0f} | {r['reference_steps']:.1f} "
+        lines += [f"| {r['arm']} | {r['seeds']} | {r['steps']} | {r['gradient_s']:.0f} | {r['reference_steps']:.1f} | "
                   + " | ".join(f"{r[f'{m}_gain_mean']:+.3f} +- {r[f'{m}_gain_std']:.3f} | {_gain(r, f'reference_{m}')} | "
                                + ("-" if r[f"reference_{m}_gain_mean"] is None
                                   else f"{r[f'{m}_gain_mean'] - r[f'reference_{m}_gain_mean']:+.3f}") for m in ("strict", "dense"))
@@ -194,14 +199,15 @@ def _plot_curves(curve_rows: list[dict], path: Path) -> None:
 
 
 def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> dict[str, float]:
-    """{arm: gradient-phase seconds per optimizer step} from a `bench arms` report, refused unless it
-    timed the reference and the sampler, GRPO and data settings of every run that kept its config."""
+    """{arm: (gradient-phase seconds per backward item, per optimizer step)} from a `bench arms`
+    report, refused unless it timed the reference and the sampler, GRPO and data settings of every
+    run that kept its config."""
     if path is None:
         return {}
     if not Path(path).is_file():
         raise FileNotFoundError(f"timing: no such file {path}")
     report = json.loads(Path(path).read_text())
-    seconds = {row["experiment"]: row["gradient_s"] for row in report["rows"]}
+    seconds = {row["experiment"]: (row["gradient_s"] / row["backward_items"], row["gradient_s"]) for row in report["rows"]}
     if reference not in seconds:
         raise ValueError(f"timing: {path} did not time the reference {reference!r} (it timed {sorted(seconds)})")
     for paths in files.values():

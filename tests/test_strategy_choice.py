@@ -69,8 +69,10 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
                                                  for a, n, g in points]
                                  + [{"arm": "cheap", "seed": 1, "steps": 20, "strict_gain": 0, "dense_gain": 0.35}]}))  # counted once
     timed = tmp_path / "arms.json"  # as `bench arms` writes it: seconds per step, side by side
-    timed.write_text(json.dumps({"setting": {}, "rows": [{"experiment": "full", "gradient_s": 1.0}, {"experiment": "cheap", "gradient_s": 0.75},
-                                                         {"experiment": "slow", "gradient_s": 2.0}, {"experiment": "fast", "gradient_s": 0.25}]}))
+    # slow draws its work: its timed rounds made 4 items per step, its runs 6 (items=[slow=6]): it is charged for 6
+    timed.write_text(json.dumps({"setting": {}, "rows": [
+        {"experiment": e, "gradient_s": t, "backward_items": n}
+        for e, t, n in (("full", 1.0, 6), ("cheap", 0.75, 3), ("slow", 2.0, 4), ("fast", 0.25, 2))]}))
     out = tmp_path / "choice"
     cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
            f"finals=[full={tmp_path}/full_seed*/eval.json,cheap={tmp_path}/cheap_seed*/eval.json,slow={tmp_path}/slow_seed*/eval.json,fast={tmp_path}/fast_seed*/eval.json]",
@@ -80,6 +82,7 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     result = json.loads((out / "choice.json").read_text())
     arms = {a["arm"]: a for a in result["arms"]}
     assert arms["cheap"]["time_vs_reference"] == pytest.approx(0.75) and arms["full"]["gradient_s_per_step"] == 1.0
+    assert arms["slow"]["gradient_s_per_step"] == pytest.approx(3.0)
     assert [r["gradient_s"] for r in result["curve"] if r["arm"] == "full"] == [10.0, 20.0]
     rows = {r["arm"]: r for r in result["equal_time"]}
     assert set(rows) == {"cheap", "slow", "fast"}
@@ -90,8 +93,10 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     assert rows["cheap"]["dense_gain_mean"] == pytest.approx((0.25 + 0.35) / 2)
     assert rows["cheap"]["reference_dense_gain_mean"] == pytest.approx(0.20)
     assert rows["cheap"]["reference_strict_gain_mean"] == pytest.approx(0.10)
-    assert rows["slow"]["reference_steps"] == pytest.approx(40) and rows["slow"]["reference_dense_gain_mean"] is None
+    assert rows["slow"]["reference_steps"] == pytest.approx(60) and rows["slow"]["reference_dense_gain_mean"] is None
     assert "Equal gradient-phase time" in (out / "choice.md").read_text() and (out / "gain_vs_cost.png").stat().st_size > 0
+    table = (out / "choice.md").read_text().split("Equal gradient-phase time")[1].strip().splitlines()[2:]
+    assert len(table) == 5 and len({line.count("|") for line in table}) == 1  # header, rule and 3 rows, all of the same columns
     bad = subprocess.run([*cmd[:-2], f"timing={tmp_path}/nope.json", f"out={tmp_path}/other"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "timing" in bad.stderr and not (tmp_path / "other").exists()
