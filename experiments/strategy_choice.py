@@ -7,7 +7,8 @@ equal gradient-phase time.
         "gains=[DIR/full/gain.json,DIR/jagg_cv_w6/gain.json]" "items=[full=12]" \
         curve_base=DIR/base_curve.json timing=ARMS.json out=DIR
 
-finals: NAME=GLOB, the final policies of an arm (one per seed) scored by `jagg_lab.evaluate` on
+finals: NAME=GLOB, the final policies of an arm (one per seed; an arm named twice gathers both
+globs' files) scored by `jagg_lab.evaluate` on
 the same samples as `base` (the verdict set, e.g. n = 2048): paired gains per seed, then their
 mean and std over seeds, and how far the mean lies from the reference arm's in units of the
 reference's seed std. gains: `experiments/default_gain.py` outputs whose scored checkpoints give
@@ -70,11 +71,16 @@ def _spread(values: list[float]) -> tuple[float, float]:
 
 def choose(args: Args) -> None:
     out = Path(args.out)
-    finals, items = _pairs(args.finals, "finals"), {k: float(v) for k, v in _pairs(args.items, "items").items()}
+    _pairs(args.finals, "finals")  # checks the form
+    finals: dict[str, list[str]] = {}  # an arm named twice gathers the runs of both patterns
+    for entry in args.finals:
+        name, pattern = entry.split("=", 1)
+        finals.setdefault(name, []).append(pattern)
+    items = {k: float(v) for k, v in _pairs(args.items, "items").items()}
     if args.reference not in finals:
         raise ValueError(f"reference: {args.reference!r} is not one of the finals {sorted(finals)}")
-    files = {name: sorted(glob.glob(pattern)) for name, pattern in finals.items()}
-    empty = [f"{name}={finals[name]}" for name, paths in files.items() if not paths]
+    files = {name: sorted({p for pattern in patterns for p in glob.glob(pattern)}) for name, patterns in finals.items()}
+    empty = [f"{name}={pattern}" for name, patterns in finals.items() for pattern in patterns if not glob.glob(pattern)]
     if empty:
         raise FileNotFoundError(f"finals: nothing matches {empty}")
     if out.exists():

@@ -33,12 +33,12 @@ def test_strategy_choice_tabulates_seed_spread_and_equal_item_curves(tmp_path):
     (tmp_path / "metrics.csv").write_text("step,backward_items,time_gradient_s\n1,5,0.5\n2,3,0.5\n")  # a run's own record wins over gain.json's
     out = tmp_path / "choice"
     cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
-           f"finals=[full={tmp_path}/full_seed*.json,cheap={tmp_path}/cheap_seed*.json]", f"gains=[{curve}]",
+           f"finals=[full={tmp_path}/full_seed0.json,cheap={tmp_path}/cheap_seed*.json,full={tmp_path}/full_seed*.json]", f"gains=[{curve}]",
            "items=[full=6]", f"out={out}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     arms = {a["arm"]: a for a in json.loads((out / "choice.json").read_text())["arms"]}
-    assert arms["full"]["items_per_step"] == 6  # given explicitly: wins over any record
+    assert arms["full"]["items_per_step"] == 6 and arms["full"]["seeds"] == 3  # items given explicitly win; both globs, a file matched twice counted once
     assert arms["full"]["dense_gain_mean"] == pytest.approx(0.2) and arms["full"]["dense_gain_std"] == pytest.approx(0.1)
     assert arms["cheap"]["seeds"] == 2 and arms["cheap"]["items_vs_reference"] == pytest.approx(4 / 6)
     assert arms["cheap"]["dense_vs_reference_in_std"] == pytest.approx((0.075 - 0.2) / 0.1)
