@@ -40,6 +40,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: runs headless
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from default_gain import gradient_phase  # noqa: E402  (experiments/ is this script's directory)
 from jagg_lab import cli  # noqa: E402
 from jagg_lab.evaluation import paired_gain  # noqa: E402
@@ -58,11 +59,11 @@ class Args:
     out: str = "outputs/choice"  # never overwritten
 
 
-def _pairs(entries: list[str], key: str) -> dict[str, str]:
+def _pairs(entries: list[str], key: str) -> list[tuple[str, str]]:
     bad = [e for e in entries if "=" not in e]
     if bad:
         raise ValueError(f"{key}: entries must read NAME=VALUE, got {bad}")
-    return dict(e.split("=", 1) for e in entries)
+    return [tuple(e.split("=", 1)) for e in entries]
 
 
 def _spread(values: list[float]) -> tuple[float, float]:
@@ -71,12 +72,10 @@ def _spread(values: list[float]) -> tuple[float, float]:
 
 def choose(args: Args) -> None:
     out = Path(args.out)
-    _pairs(args.finals, "finals")  # checks the form
     finals: dict[str, list[str]] = {}  # an arm named twice gathers the runs of both patterns
-    for entry in args.finals:
-        name, pattern = entry.split("=", 1)
+    for name, pattern in _pairs(args.finals, "finals"):
         finals.setdefault(name, []).append(pattern)
-    items = {k: float(v) for k, v in _pairs(args.items, "items").items()}
+    items = {k: float(v) for k, v in _pairs(args.items, "items")}
     if args.reference not in finals:
         raise ValueError(f"reference: {args.reference!r} is not one of the finals {sorted(finals)}")
     files = {name: sorted({p for pattern in patterns for p in glob.glob(pattern)}) for name, patterns in finals.items()}
@@ -204,7 +203,7 @@ def _plot_curves(curve_rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> dict[str, float]:
+def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> dict[str, tuple[float, float]]:
     """{arm: (gradient-phase seconds per backward item, per optimizer step)} from a `bench arms`
     report, refused unless it timed the reference and the sampler, GRPO and data settings of every
     run that kept its config."""
@@ -253,32 +252,23 @@ def _run_curve_points(files: dict[str, list[str]], curve_base: dict | None) -> d
 def _equal_time(curve_rows: list[dict], seconds: dict[str, float], reference: str) -> list[dict]:
     """Each timed arm's last curve point next to the reference's curve at the same cumulative
     gradient-phase seconds; the reference's gain is None where that lies past its last point."""
-    ref = [(0, 0.0, 0.0, 0.0, 0.0)] + [(r["steps"], r["strict_gain_mean"], r["strict_gain_std"], r["dense_gain_mean"],
-                                        r["dense_gain_std"]) for r in curve_rows if r["arm"] == reference]
+    keys = ("strict_gain_mean", "strict_gain_std", "dense_gain_mean", "dense_gain_std")
+    ref = [r for r in curve_rows if r["arm"] == reference]
+    if reference not in seconds or not ref:
+        return []
+    ref_steps = [0] + [r["steps"] for r in ref]  # through the base: no gain, no spread at step 0
     last = {}
     for row in curve_rows:  # sorted by arm and steps: an arm's last row is its last point
         if row["arm"] != reference and row["arm"] in seconds:
             last[row["arm"]] = row
-    if reference not in seconds or len(ref) < 2:
-        return []
     rows = []
     for name, row in last.items():
         steps = row["gradient_s"] / seconds[reference]
-        at = _interpolate(ref, steps)
+        at = {f"reference_{k}": None if steps > ref_steps[-1] else float(np.interp(steps, ref_steps, [0.0] + [r[k] for r in ref]))
+              for k in keys}
         rows.append({"arm": name, "steps": row["steps"], "gradient_s": row["gradient_s"], "reference_steps": steps,
-                     **{k: row[k] for k in ("seeds", "strict_gain_mean", "strict_gain_std", "dense_gain_mean", "dense_gain_std")},
-                     **dict(zip(("reference_strict_gain_mean", "reference_strict_gain_std", "reference_dense_gain_mean",
-                                 "reference_dense_gain_std"), at or (None,) * 4))})
+                     "seeds": row["seeds"], **{k: row[k] for k in keys}, **at})
     return rows
-
-
-def _interpolate(points: list[tuple], x: float) -> tuple | None:
-    """Values of (x, *values) points linearly at x; None past the last point."""
-    for (x0, *v0), (x1, *v1) in zip(points, points[1:]):
-        if x0 <= x <= x1:
-            w = (x - x0) / (x1 - x0) if x1 > x0 else 1.0
-            return tuple(a + w * (b - a) for a, b in zip(v0, v1))
-    return None
 
 
 def _gain(row: dict, prefix: str) -> str:

@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from jagg_lab import cli
 from jagg_lab.bench.common import (
     check_device,
+    check_minimum,
     command_line,
     gradient_phase,
     machine,
@@ -68,8 +69,7 @@ class ArmsArgs:
             raise ValueError(f"experiments: a non-empty list without repeats, got {self.experiments}")
         if self.reference is not None and self.reference not in self.experiments:
             raise ValueError(f"reference: {self.reference!r} is not one of the experiments {self.experiments}")
-        if self.rounds < 1 or self.warmup < 0:
-            raise ValueError(f"rounds must be >= 1 and warmup >= 0, got rounds={self.rounds}, warmup={self.warmup}")
+        check_minimum(self, {"rounds": 1, "warmup": 0})
         check_device(self.device)
         if self.out is not None and Path(self.out).exists():
             raise ValueError(f"out: {self.out} already exists; choose a new file")

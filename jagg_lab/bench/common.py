@@ -35,7 +35,8 @@ from jagg_lab.types import Rollout
 from jagg_lab.worlds.shapes import sample_prompt
 
 __all__ = [
-    "training_config", "training_setting", "training_rollout", "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
+    "training_config", "training_setting", "training_rollout",
+    "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
     "MEMORY_METHODS", "Memory", "is_out_of_memory", "free_memory", "limit_memory", "measure_memory",
     "check_device", "check_minimum", "check_resolution", "check_sampling", "command_line", "write_json",
 ]
