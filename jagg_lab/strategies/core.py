@@ -27,6 +27,8 @@ __all__ = [
     "effective_mode",
     "Segment",
     "interpolate_backward",
+    "Route",
+    "route_backward",
     "check_pass_items",
     "COUNTS",
     "combine_stats",
@@ -215,13 +217,63 @@ def interpolate_backward(
     correction needs no velocity from a later pass. Accumulates into .grad.
     """
     levels = [float(s) for s in noise_levels]
-    knots = sorted({k for seg in segments for k in (seg.left, seg.right)})
-    nodes = sorted(set(knots) | {r for seg in segments for r, _ in seg.corrections})
+    routes = {k: Route(k, ((k, 1.0),)) for seg in segments for k in (seg.left, seg.right)}
+    spans = [seg for seg in segments if seg.right > seg.left]
+    for seg in spans:
+        alphas = interpolation_weights(levels[seg.left : seg.right + 1])
+        weights = dict(seg.corrections)
+        for k, alpha in zip(seg.interior, alphas[1:-1]):
+            routes[k] = Route(k, ((seg.left, 1 - alpha), (seg.right, alpha)), weights.get(k, 0.0))
+    stats = route_backward(velocity_fn, states, levels, step_loss_fn, list(routes.values()), velocities=velocities,
+                           mode=mode, max_pass_items=max_pass_items)
+    stats.windows = stats.jagg_windows = len(spans)
+    return stats
+
+
+@dataclass(frozen=True)
+class Route:
+    """How trained step `step`'s upstream signal g_k reaches the model: through the Jacobians of
+    `nodes`, pairs (node step n, weight w_n) with Jhat_k = sum_n w_n J_n(x_n) (weights summing
+    to 1, or any affine combination), plus `correction` c: c * (J_k - Jhat_k)^T g_k, the exact
+    Jacobian product of the step itself entering against its estimate (the control variate of
+    `jagg_cv`). A step routed wholly to itself, ((k, 1.0),), is a node with its exact gradient."""
+
+    step: int
+    nodes: tuple[tuple[int, float], ...]
+    correction: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return self.nodes == ((self.step, 1.0),) and not self.correction
+
+
+def route_backward(
+    velocity_fn: VelocityFn,
+    states: Sequence[torch.Tensor],
+    noise_levels: Sequence[float],
+    step_loss_fn: StepLossFn,
+    routes: Sequence[Route],
+    *,
+    velocities: Sequence[torch.Tensor] | None = None,
+    mode: str = "recompute",
+    max_pass_items: int | None = None,
+) -> BackwardStats:
+    """The pass loop every Jacobian-sharing strategy runs: each routed step's g_k is pushed onto
+    its nodes with its route's weights, and the nodes go through one joint forward with grad
+    and ONE backward of sum <v_n, G_n>, split into passes of at most `max_pass_items` nodes.
+    An exact step (a node routed to itself) takes its g from the pass's own forward; every other
+    step's velocity comes by `mode` (the interpolated mode carries the nodes' parameter change
+    over with the route's weights). Accumulates into .grad; `windows` is left to the caller."""
+    levels = [float(s) for s in noise_levels]
+    nodes = sorted({n for route in routes for n, _ in route.nodes} | {r.step for r in routes if r.correction})
+    exact = {route.step for route in routes if route.exact}
+    missing = sorted(set(nodes) - exact - {r.step for r in routes if r.correction})
+    if missing:
+        raise ValueError(f"nodes {missing} are not routed to themselves: a node's own step is exact")
     check_pass_items(max_pass_items)
     chunk = len(nodes) if max_pass_items is None else max_pass_items
     passes = [nodes[i : i + chunk] for i in range(0, len(nodes), chunk)]
-    spans = [seg for seg in segments if seg.right > seg.left]
-    stats = BackwardStats(backward_passes=len(passes), backward_items=len(nodes), windows=len(spans), jagg_windows=len(spans))
+    stats = BackwardStats(backward_passes=len(passes), backward_items=len(nodes))
     batch = states[0].shape[0]
 
     def forward(steps: list[int]) -> torch.Tensor:
@@ -230,8 +282,8 @@ def interpolate_backward(
     def split(v: torch.Tensor, steps: list[int]) -> dict[int, torch.Tensor]:
         return {k: v[i * batch : (i + 1) * batch] for i, k in enumerate(steps)}
 
-    # The knots' current velocities: from the joint forward with grad when it is one pass; the
-    # interpolated mode needs them for every segment up front, hence no-grad passes when split.
+    # The nodes' current velocities: from the joint forward with grad when it is one pass; the
+    # interpolated mode needs them for every route up front, hence no-grad passes when split.
     outputs: dict[int, torch.Tensor] = {}
     current: dict[int, torch.Tensor] = {}
     if len(passes) == 1:
@@ -249,27 +301,28 @@ def interpolate_backward(
     def add(node: int, g: torch.Tensor) -> None:
         signal[node] = g if node not in signal else signal[node] + g
 
-    for seg in spans:
-        alphas = interpolation_weights(levels[seg.left : seg.right + 1])
-        weights = dict(seg.corrections)
-        for k, alpha in zip(seg.interior, alphas[1:-1]):
-            if mode == "recompute":
-                with torch.no_grad():
-                    v_k = velocity_fn(states[k], noise_level_batch(levels[k], states[k]))
-                stats.nograd_forwards += 1
-            elif mode == "cached":
-                v_k = velocities[k]
-            else:  # interpolated: carry the knots' parameter change over to step k
-                v_k = (velocities[k] + (1 - alpha) * (current[seg.left] - velocities[seg.left])
-                       + alpha * (current[seg.right] - velocities[seg.right]))
-            g_k, loss_k = upstream_signal(step_loss_fn, k, v_k)
-            stats.loss += loss_k
-            # The control variate moves weight * g_r from the interpolated Jacobian to the exact one.
-            share = 1.0 - weights.get(k, 0.0)
-            add(seg.left, (share * (1 - alpha)) * g_k)
-            add(seg.right, (share * alpha) * g_k)
-            if k in weights:
-                add(k, weights[k] * g_k)
+    for route in routes:
+        if route.exact:
+            continue
+        k = route.step
+        if mode == "recompute":
+            with torch.no_grad():
+                v_k = velocity_fn(states[k], noise_level_batch(levels[k], states[k]))
+            stats.nograd_forwards += 1
+        elif mode == "cached":
+            v_k = velocities[k]
+        else:  # interpolated: carry the nodes' parameter change over to step k
+            v_k = velocities[k]
+            for n, w in route.nodes:
+                v_k = v_k + w * (current[n] - velocities[n])
+        g_k, loss_k = upstream_signal(step_loss_fn, k, v_k)
+        stats.loss += loss_k
+        # The control variate moves c * g_k from the estimated Jacobian to the exact one.
+        share = 1.0 - route.correction
+        for n, w in route.nodes:
+            add(n, (share * w) * g_k)
+        if route.correction:
+            add(k, route.correction * g_k)
 
     for steps in passes:
         if len(passes) > 1:
@@ -277,7 +330,7 @@ def interpolate_backward(
             stats.grad_forwards += 1
         surrogate = 0.0
         for k in steps:
-            if k in knots:
+            if k in exact:
                 g_k, loss_k = upstream_signal(step_loss_fn, k, outputs[k].detach())
                 stats.loss += loss_k
                 add(k, g_k)
