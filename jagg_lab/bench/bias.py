@@ -1,6 +1,9 @@
 """`bench bias`: is a gradient strategy's estimate biased, and how much variance does it add?
 
     python -m jagg_lab.bench bias out=FILE.json [n_rollouts=64] ["strategies=[jagg,jagg_cv]"] ...
+    python -m jagg_lab.bench bias "strategies=[jagg_causal:4,subsample:4,jagg_causal:6,subsample:6]" ...
+
+A strategy named `name:W` gets one row at window W; a bare name gets one per `windows` entry.
 
 In GRPO one rollout's gradient is roughly ten times larger than its mean over rollouts, so
 a per-rollout cosine to `full` says little: what matters is whether an estimator's error
@@ -37,6 +40,7 @@ from jagg_lab.module import GRPOModule
 from jagg_lab.strategies import (
     FullStrategy,
     GradientStrategy,
+    JaggCausalStrategy,
     JaggCVStrategy,
     JaggKnotsStrategy,
     JaggRoutedStrategy,
@@ -62,7 +66,24 @@ ESTIMATORS: dict[str, Callable[..., GradientStrategy]] = {
     "subsample4": lambda w, seed: SubsampleStrategy(window=w, per_window=4, choice="random", seed=seed),
     "jagg_knots": lambda w, seed: JaggKnotsStrategy(knot_spacing=w - 1),
     "jagg_routed": lambda w, seed, threshold=0.5: JaggRoutedStrategy(window=w, cos_threshold=threshold),
+    # causal nodes: windows of W held from their first state, the last step exact (2 items per window)...
+    "jagg_causal": lambda w, seed: JaggCausalStrategy(window=w),
+    # ...without the exact last step (1 item per W steps)...
+    "jagg_causal_open": lambda w, seed: JaggCausalStrategy(window=w, exact_end=False),
+    # ...or knots every W - 1 steps and the last, shared by neighbouring segments, held or extrapolated
+    "jagg_causal_knots": lambda w, seed: JaggCausalStrategy(window=None, knot_spacing=w - 1),
+    "jagg_causal_extrap": lambda w, seed: JaggCausalStrategy(window=None, knot_spacing=w - 1, extrapolate=True),
 }
+
+
+def parse_entry(entry: str) -> tuple[str, int | None]:
+    """`name` or `name:W` -> (name, W or None)."""
+    name, _, window = entry.partition(":")
+    if not window:
+        return name, None
+    if not window.isdigit() or int(window) < 2:
+        raise ValueError(f"strategies: {entry!r} pins a window that is not an integer >= 2")
+    return name, int(window)
 
 
 # work counts a strategy reports, per rollout (jagg_frac: the routed share of approximated windows)
@@ -85,7 +106,7 @@ class BiasArgs:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        unknown = [s for s in self.strategies if s not in ESTIMATORS]
+        unknown = [s for s in self.strategies if parse_entry(s)[0] not in ESTIMATORS]
         if not self.strategies or unknown:
             raise ValueError(f"strategies: unknown {unknown}; choose from {sorted(ESTIMATORS)}")
         if not self.windows or any(w < 2 for w in self.windows):
@@ -123,8 +144,9 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     cfg, module, data = setting or _setting(args)
     objective = module.objective
     # key: (strategy, window, cos_threshold); the threshold only for jagg_routed's rows
-    keys = [(name, w, t) for name in args.strategies for w in args.windows
-            for t in (args.routed_thresholds if name == "jagg_routed" else [None])]
+    entries = [parse_entry(entry) for entry in args.strategies]
+    keys = list(dict.fromkeys((name, w, t) for name, pinned in entries for w in ([pinned] if pinned else args.windows)
+                              for t in (args.routed_thresholds if name == "jagg_routed" else [None])))
     estimators = {(name, w, t): ESTIMATORS[name](w, args.seed) if t is None else ESTIMATORS[name](w, args.seed, t)
                   for name, w, t in keys}
     sums = {key: ErrorSums() for key in estimators}
@@ -171,7 +193,9 @@ COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("backward_ite
            ("cos_threshold", "routing threshold", "{}"), ("jagg_frac_per_rollout", "routed share", "{:.2f}"),
            ("per_rollout_cosine", "per-rollout cos(g, f)", "{:.3f}"), ("z", "z (no bias: ~1)", "{:.2f}"),
            ("halves_cosine", "cos(odd, even mean d)", "{:.2f}"), ("bias_over_mean_full", "|mean d| / |mean f|", "{:.2f}"),
-           ("mean_cosine", "cos(mean g, mean f)", "{:.2f}"), ("rel_error", "per-rollout error / noise of f", "{:.2f}")]
+           ("mean_cosine", "cos(mean g, mean f)", "{:.2f}"), ("rel_error", "per-rollout error / noise of f", "{:.2f}"),
+           ("worst_over_mean", "worst / mean rollout error^2", "{:.1f}"), ("rollout_kurtosis", "error kurtosis over rollouts", "{:.1f}"),
+           ("coord_kurtosis", "error kurtosis over parameters", "{:.0f}")]
 
 
 def table(report: dict) -> str:

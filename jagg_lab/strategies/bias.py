@@ -20,20 +20,28 @@ class ErrorSums:
 
     def __init__(self):
         self.n = 0
-        self.sum_d = self.sum_f = self.sum_g = self.sum_d_odd = None
-        self.sq_d = self.sq_f = self.cos = 0.0
+        self.sum_d = self.sum_f = self.sum_g = self.sum_d_odd = self.sum_d2 = self.sum_d4 = None
+        self.sq_d = self.sq_f = self.cos = self.worst_sq_d = self.coord_kurtosis = 0.0
+        self.erring = 0  # rollouts with a nonzero error
 
     def add(self, g: torch.Tensor, f: torch.Tensor) -> None:
         g, f = g.double(), f.double()
         d = g - f
         if self.sum_d is None:
-            self.sum_d, self.sum_f, self.sum_g, self.sum_d_odd = (torch.zeros_like(d) for _ in range(4))
+            self.sum_d, self.sum_f, self.sum_g, self.sum_d_odd, self.sum_d2, self.sum_d4 = (torch.zeros_like(d) for _ in range(6))
         self.sum_d += d
         self.sum_f += f
         self.sum_g += g
         if self.n % 2:
             self.sum_d_odd += d
-        self.sq_d += d.square().sum().item()
+        self.sum_d2 += d.square()
+        self.sum_d4 += d.square().square()
+        sq_d = d.square().sum().item()
+        self.sq_d += sq_d
+        self.worst_sq_d = max(self.worst_sq_d, sq_d)
+        if sq_d > 0:
+            self.coord_kurtosis += d.numel() * d.square().square().sum().item() / sq_d**2
+            self.erring += 1
         self.sq_f += f.square().sum().item()
         self.cos += torch.nn.functional.cosine_similarity(g, f, dim=0).item()
         self.n += 1
@@ -54,6 +62,13 @@ def bias_summary(sums: ErrorSums) -> dict[str, float]:
     E d = 0), growing linearly in N with one. halves_cosine: cos(mean d over odd rollouts,
     over even ones), about 0 without bias. rel_error: rms per-rollout |d| over the rms
     per-rollout deviation of f from its mean (the noise a rollout's gradient carries anyway).
+    How heavy-tailed the error is over rollouts, since Adam's per-coordinate scaling may amplify
+    a concentrated one: worst_over_mean, the largest per-rollout |d|^2 over the mean |d|^2 (1
+    when every rollout errs alike); rollout_kurtosis, the per-coordinate kurtosis of d over
+    rollouts, E d^4 / (E d^2)^2 (3 for a Gaussian error; at most N), averaged over coordinates
+    weighted by their share of the error; coord_kurtosis, the kurtosis of one rollout's d over
+    the P coordinates, P sum d^4 / (sum d^2)^2, averaged over the rollouts with an error (large
+    when the error sits on few parameters).
     """
     n = sums.n
     mean_d, mean_f, mean_g = sums.sum_d / n, sums.sum_f / n, sums.sum_g / n
@@ -70,4 +85,14 @@ def bias_summary(sums: ErrorSums) -> dict[str, float]:
         "mean_cosine": _cos(mean_g, mean_f),
         "rel_error": _ratio(math.sqrt(sums.sq_d / n), math.sqrt(max(trace_cov_f, 0.0) * (n - 1) / n)),
         "z_full": _ratio(mean_f.square().sum().item(), trace_cov_f / n),
+        "worst_over_mean": _ratio(sums.worst_sq_d, sums.sq_d / n),
+        "rollout_kurtosis": _rollout_kurtosis(sums),
+        "coord_kurtosis": _ratio(sums.coord_kurtosis, sums.erring),
     }
+
+
+def _rollout_kurtosis(sums: ErrorSums) -> float:
+    """sum_j w_j k_j with k_j = n S4_j / S2_j^2 and w_j = S2_j / sum S2: n sum_j (S4_j / S2_j) / sum S2."""
+    s2, s4 = sums.sum_d2, sums.sum_d4
+    err = s2 > 0
+    return _ratio(sums.n * (s4[err] / s2[err]).sum().item(), s2.sum().item())

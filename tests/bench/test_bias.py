@@ -29,13 +29,29 @@ def test_bias_report_has_every_column(tmp_path):
     assert rows["jagg_cv"]["backward_items_per_rollout"] == 6 * 2
     assert 0 <= rows["jagg_routed"]["jagg_frac_per_rollout"] <= 1
     for name in ("jagg", "jagg_cv", "jagg_routed"):
-        assert all(key in rows[name] for key in ("z", "halves_cosine", "bias_over_mean_full", "mean_cosine", "rel_error"))
+        assert all(key in rows[name] for key in ("z", "halves_cosine", "bias_over_mean_full", "mean_cosine", "rel_error",
+                                                   "worst_over_mean", "rollout_kurtosis", "coord_kurtosis"))
     assert report["command"].startswith("python -m jagg_lab.bench bias") and "n_rollouts=4" in report["command"]
     assert report["no_bias_z"] == 1.0 and report["rows"][0]["window"] == 1 and report["rollouts_done"] == 4
 
 
+def test_a_window_pinned_to_a_strategy_gives_it_one_row(tmp_path):
+    out = tmp_path / "bias.json"
+    code = main(["bias", f"out={out}", "n_rollouts=4", "strategies=[jagg_causal:3,jagg_causal:6,subsample:6,jagg_causal_open]",
+                 "windows=[2]", f"overrides=[{','.join(TINY)}]"])
+    assert code == 0
+    rows = {(row["strategy"], row["window"]): row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("full", 1), ("jagg_causal", 3), ("jagg_causal", 6), ("subsample", 6), ("jagg_causal_open", 2)}
+    assert rows["jagg_causal", 3]["backward_items_per_rollout"] == 4 * 2  # knots 0, 2, 3, 5; 2 micro-batches
+    assert rows["jagg_causal", 6]["backward_items_per_rollout"] == 2 * 2  # knots 0, 5
+    assert rows["subsample", 6]["backward_items_per_rollout"] == 2 * 2
+    assert rows["jagg_causal_open", 2]["backward_items_per_rollout"] == 3 * 2  # knots 0, 2, 4
+
+
 @pytest.mark.parametrize("argv, key", [
     (["strategies=[jagg,nope]"], "strategies"),
+    (["strategies=[jagg:1]"], "strategies"),
+    (["strategies=[nope:4]"], "strategies"),
     (["windows=[1]"], "windows"),
     (["n_rollouts=2"], "n_rollouts"),
     (["routed_thresholds=[0.5,2]"], "routed_thresholds"),

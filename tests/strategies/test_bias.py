@@ -27,3 +27,32 @@ def test_a_systematic_error_grows_z_with_n_and_points_one_way():
     assert large["z"] > 10 and large["z"] > 2 * small["z"]
     assert large["halves_cosine"] > 0.8
     assert 0.3 < large["bias_over_mean_full"] < 0.7  # |offset| / |signal|, about 0.5
+
+
+def test_tail_columns_tell_a_concentrated_error_from_a_spread_one():
+    gen = torch.Generator().manual_seed(1)
+    spread, concentrated = ErrorSums(), ErrorSums()
+    for i in range(64):
+        f = 10 * torch.randn(400, generator=gen)
+        spread.add(f + torch.randn(400, generator=gen), f)
+        # the same error energy on average, but in one rollout of 16 and on few coordinates
+        burst = torch.zeros(400)
+        if i % 16 == 0:
+            burst[:20] = 4.0 * 4.47 * torch.randn(20, generator=gen)
+        concentrated.add(f + burst, f)
+    a, b = bias_summary(spread), bias_summary(concentrated)
+    assert 2.5 < a["rollout_kurtosis"] < 3.5 and a["worst_over_mean"] < 1.5  # Gaussian: 3, every rollout alike
+    assert 2.5 < a["coord_kurtosis"] < 3.5
+    assert b["rollout_kurtosis"] > 10 and b["worst_over_mean"] > 10
+    assert 30 < b["coord_kurtosis"] < 100  # about 3 x 400 / 20: Gaussian on 20 of 400 coordinates, where it errs
+
+
+def test_an_error_on_few_parameters_has_a_large_kurtosis_over_them():
+    gen = torch.Generator().manual_seed(2)
+    few = ErrorSums()
+    for _ in range(8):
+        f = 10 * torch.randn(400, generator=gen)
+        d = torch.zeros(400)
+        d[:4] = torch.randn(4, generator=gen)
+        few.add(f + d, f)
+    assert bias_summary(few)["coord_kurtosis"] > 50  # 400 / 4 coordinates times a Gaussian's 3, roughly
