@@ -58,6 +58,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.policy, self.sampler, self.reward, self.strategy, self.grpo = policy, sampler, reward, strategy, grpo
         self.objective = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
         self.trained_steps = list(self.objective.trained_steps)
+        self.ode_phases = sampler.ode_phases(self.trained_steps)  # checked before any work
         self.optimizer_factory = optimizer
         self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
         self.run_dir = Path(run_dir) if run_dir else None
@@ -88,7 +89,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
             noise_level=self.sampler.noise_level, cond=cond, null_cond=null_cond,
             reduction=self.sampler.log_prob_reduction,
             ref_velocity_fn=guided_velocity_fn(self.ref_policy, cond, null_cond, guidance) if self.ref_policy is not None else None,
-            ref_steps=self.trained_steps, generator=generator, shard=self.shard,
+            ref_steps=self.trained_steps, generator=generator, shard=self.shard, **self.ode_phases,
         )
         return rollout.for_training()
 
@@ -193,6 +194,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                 "reward_mean": rewards.mean().item(), "reward_std": rewards.std(unbiased=False).item(), **means,
                 "grad_norm": grad_norm, "time_rollout_s": t1 - t0 if j == 0 else 0.0,
                 "time_reward_s": t2 - t1 if j == 0 else 0.0, "time_gradient_s": t4 - t3,
+                "rollout_forwards": rollout.forwards if j == 0 else 0,
                 "lr": opt.param_groups[0]["lr"], "skipped_steps": self.skipped_steps,
             }
             row.update({f"reward_{k}": v for k, v in component_means.items() if math.isfinite(v)})

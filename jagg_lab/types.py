@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-__all__ = ["Cond", "index_cond", "cat_cond", "expand_cond", "Rollout"]
+__all__ = ["Cond", "index_cond", "cat_cond", "expand_cond", "ODEPhase", "Rollout"]
 
 # A prompt conditioning: a dict of batch-first tensors. The tiny DiT uses
 # {"tokens": (B, L, D), "pooled": (B, D)}; diffusers adapters carry their own keys.
@@ -30,6 +30,18 @@ def expand_cond(cond: Cond, batch: int) -> Cond:
 
 
 @dataclass(frozen=True)
+class ODEPhase:
+    """Sampling steps first .. end - 1 of the SDE grid, replaced by `steps` deterministic ODE steps
+    of `solver` that cost `forwards` policy calls (a rollout records nothing at those steps)."""
+
+    first: int
+    end: int
+    solver: str
+    steps: int
+    forwards: int
+
+
+@dataclass(frozen=True)
 class Rollout:
     """One SDE trajectory per sample, recorded for every sampling step k = 0..T-1."""
 
@@ -44,6 +56,10 @@ class Rollout:
     final: torch.Tensor  # (B, *X) x_T, the generated sample
     noise_level: float  # the SDE's noise scale `a`: the loss re-evaluates the same transition
     log_prob_reduction: str  # "mean" | "sum" over pixels, as log_probs were reduced
+    # sampling steps not sampled by the SDE (NaN in the per-step tensors): a head before the
+    # first trained step and / or a tail after the last one, each an ODE of its own
+    ode_phases: tuple[ODEPhase, ...] = ()
+    forwards: int = 0  # policy calls the rollout made (each carries both CFG branches), reference calls left out
 
     @property
     def num_steps(self) -> int:

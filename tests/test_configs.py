@@ -69,6 +69,10 @@ BAD = [
     ("grpo.beta=-1", "beta"),
     ("grpo.clip_range=0", "clip_range"),
     ("data.source=file data.prompt_file=/nonexistent/prompts.txt", "prompt_file"),
+    ("sampler.tail_solver=rk4", "tail_solver"),
+    ("grpo.train_fraction=1.0 sampler.tail_solver=euler", "tail_solver"),  # no tail to replace
+    ("sampler.head_solver=euler", "head_solver"),  # the first step is trained
+    ("+experiment=jagg_causal_w4 strategy.knot_spacing=2", "knot_spacing"),
 ]
 
 

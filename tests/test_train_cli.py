@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = ["policy=dit_xs", "data.prompts_per_step=2", "data.group_size=4", "grpo.micro_batch_size=4", "sampler.num_steps=4"]
 COLUMNS = {
     "step", "reward_mean", "reward_std", "loss", "clip_frac", "approx_kl", "grad_norm",
-    "time_rollout_s", "time_reward_s", "time_gradient_s", "backward_passes",
+    "time_rollout_s", "time_reward_s", "time_gradient_s", "backward_passes", "rollout_forwards",
 }
 
 
@@ -95,3 +95,14 @@ def test_corrupt_checkpoint_is_rejected_before_any_work(tmp_path):
     proc = train(f"resume={bad}", f"hydra.run.dir={tmp_path / 'r'}", *TINY, check=False)
     assert proc.returncode != 0 and "not a readable checkpoint" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_an_ode_tail_records_itself_in_the_config_and_its_forwards_in_the_metrics(tmp_path):
+    run = tmp_path / "run"
+    tiny = [o for o in TINY if not o.startswith("sampler.num_steps")]
+    train("+experiment=jagg_causal_w4", "trainer.max_steps=1", "sample_every=0", "heldout.n_samples=0", f"hydra.run.dir={run}",
+          "sampler.num_steps=6", "sampler.tail_solver=euler", "sampler.tail_steps=1", *tiny)
+    (row,) = read_rows(run / "metrics.csv")
+    assert float(row["rollout_forwards"]) == 4 + 1  # ceil(0.6 * 6) SDE steps, then one Euler step for the other 2
+    config = (run / "config.yaml").read_text()
+    assert "tail_solver: euler" in config and "tail_steps: 1" in config

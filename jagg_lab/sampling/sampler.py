@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from jagg_lab.sampling.rollout import ODE_SOLVERS
 from jagg_lab.sampling.schedule import noise_schedule
 
 __all__ = ["SDESampler"]
@@ -18,6 +19,11 @@ class SDESampler:
     noise_level: SDE noise scale `a`. guidance: classifier-free guidance scale (1 = off).
     log_prob_reduction: reduce per-pixel log-densities by "mean" (Flow-GRPO) or "sum".
     eval_num_steps: ODE steps for evaluation (defaults to num_steps).
+    tail_solver / tail_steps: sample the steps after the last trained step by a deterministic
+    ODE (euler | heun | ab2) in tail_steps steps (null: as many as it replaces) instead of the SDE;
+    the trained transitions and log-probs stay the same, only the final sample (and the reward)
+    changes. head_solver / head_steps: likewise for the steps before the first trained step.
+    null solver: the SDE, as by default. Evaluation keeps its own ODE (eval_num_steps, Euler).
     """
 
     num_steps: int = 10
@@ -26,6 +32,10 @@ class SDESampler:
     guidance: float = 1.0
     log_prob_reduction: str = "mean"
     eval_num_steps: int | None = None
+    tail_solver: str | None = None
+    tail_steps: int | None = None
+    head_solver: str | None = None
+    head_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_steps < 2:
@@ -38,6 +48,33 @@ class SDESampler:
             raise ValueError(f"sampler.guidance must be >= 1, got {self.guidance}")
         if self.log_prob_reduction not in ("mean", "sum"):
             raise ValueError(f"sampler.log_prob_reduction must be 'mean' or 'sum', got {self.log_prob_reduction!r}")
+        for part in ("tail", "head"):
+            solver, steps = getattr(self, f"{part}_solver"), getattr(self, f"{part}_steps")
+            if solver is not None and solver not in ODE_SOLVERS:
+                raise ValueError(f"sampler.{part}_solver must be one of {ODE_SOLVERS} or null, got {solver!r}")
+            if steps is not None and solver is None:
+                raise ValueError(f"sampler.{part}_steps = {steps} needs sampler.{part}_solver (null samples the {part} by the SDE)")
+            if steps is not None and steps < 1:
+                raise ValueError(f"sampler.{part}_steps must be >= 1 or null, got {steps}")
+
+    def ode_phases(self, trained_steps: list[int]) -> dict:
+        """The `sde_rollout` arguments for a run that trains `trained_steps`: the SDE span and the
+        ODE head and tail ({} when both are the SDE). Raises ValueError naming the key of a head
+        or tail that has no steps to replace."""
+        if self.head_solver is None and self.tail_solver is None:
+            return {}
+        first, last = min(trained_steps), max(trained_steps)
+        if self.tail_solver is not None and last == self.num_steps - 1:
+            raise ValueError(f"sampler.tail_solver = {self.tail_solver!r}, but the trained steps reach the last of the "
+                             f"{self.num_steps} sampling steps: there is no tail to sample by ODE")
+        if self.head_solver is not None and first == 0:
+            raise ValueError(f"sampler.head_solver = {self.head_solver!r}, but the first sampling step is trained: "
+                             "there is no head to sample by ODE")
+        return {
+            "sde_span": (first, last),
+            "head": None if self.head_solver is None else (self.head_solver, self.head_steps),
+            "tail": None if self.tail_solver is None else (self.tail_solver, self.tail_steps),
+        }
 
     def noise_levels(self) -> torch.Tensor:
         return noise_schedule(self.num_steps, self.shift)
