@@ -46,11 +46,13 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     group_size: samples per prompt. seed: drives rollout noise (per step, so resume is exact).
     sample_every: write a PNG grid of rollout samples every N rollouts (0 = never).
     max_bad_steps: a non-finite reward, loss or gradient skips the optimizer step (logged,
-    counted in `skipped_steps`); this many in a row stop the run with an error."""
+    counted in `skipped_steps`); this many in a row stop the run with an error.
+    compile_rollout: the rollout's policy calls go through `torch.compile` (the gradient phase
+    stays eager); its first rollout pays the compilation."""
 
     def __init__(self, policy: nn.Module, sampler: SDESampler, reward: Reward, strategy: GradientStrategy,
                  grpo: GRPOConfig, optimizer: Callable, group_size: int, seed: int = 0, sample_every: int = 10,
-                 run_dir: str | None = None, max_bad_steps: int = 3):
+                 run_dir: str | None = None, max_bad_steps: int = 3, compile_rollout: bool = False):
         super().__init__()
         if max_bad_steps < 1:
             raise ValueError(f"max_bad_steps must be >= 1, got {max_bad_steps}")
@@ -59,6 +61,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.objective = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
         self.trained_steps = list(self.objective.trained_steps)
         self.ode_phases = sampler.ode_phases(self.trained_steps)  # checked before any work
+        self.compile_rollout(compile_rollout)
         self.optimizer_factory = optimizer
         self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
         self.run_dir = Path(run_dir) if run_dir else None
@@ -76,6 +79,11 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     def configure_optimizers(self):
         return self.optimizer_factory(self.trainable_parameters())
 
+    def compile_rollout(self, on: bool) -> None:
+        """Route the rollout's policy calls through torch.compile (a function, not a module, so the
+        state dict keeps one copy of the weights) or back to the eager policy."""
+        self.compiled_forward = torch.compile(self.policy.forward) if on else None
+
     # ---- stages --------------------------------------------------------------------
     def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout:
         """SDE rollouts of this rank's rows; `generator` is shared by all ranks (see shard_noise)."""
@@ -85,7 +93,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         noise = shard_noise((len(prompts), *self.policy.sample_shape), generator, self.shard, self.device)
         guidance = self.sampler.guidance
         rollout = sde_rollout(
-            guided_velocity_fn(self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels().to(self.device),
+            guided_velocity_fn(self.compiled_forward or self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels().to(self.device),
             noise_level=self.sampler.noise_level, cond=cond, null_cond=null_cond,
             reduction=self.sampler.log_prob_reduction,
             ref_velocity_fn=guided_velocity_fn(self.ref_policy, cond, null_cond, guidance) if self.ref_policy is not None else None,

@@ -5,7 +5,7 @@ import logging
 import sys
 from typing import Callable
 
-from jagg_lab.bench import arms, bias, speed, strategies
+from jagg_lab.bench import arms, bias, speed, step, strategies
 
 # command -> its main(argv) -> exit status; a new benchmark is one more entry
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
@@ -13,6 +13,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "speed": speed.main,
     "bias": bias.main,
     "arms": arms.main,
+    "step": step.main,
 }
 
 

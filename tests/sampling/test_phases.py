@@ -121,3 +121,14 @@ def test_bad_phase_settings_name_the_key():
     assert SDESampler().ode_phases(trained) == {}
     assert SDESampler(tail_solver="ab2", tail_steps=2).ode_phases([0, 1, 2]) == {
         "sde_span": (0, 2), "head": None, "tail": ("ab2", 2)}
+
+
+@pytest.mark.slow
+def test_a_compiled_rollout_samples_what_the_eager_one_does():
+    module = make_module(guidance=3.0, num_steps=4, train_fraction=0.5)
+    eager, _ = rollout_and_advantages(module)
+    module.compile_rollout(True)
+    compiled, _ = rollout_and_advantages(module)
+    assert "compiled_forward" not in dict(module.named_modules())  # one copy of the weights in the state dict
+    torch.testing.assert_close(compiled.final, eager.final, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(compiled.log_probs, eager.log_probs, rtol=1e-4, atol=1e-4)

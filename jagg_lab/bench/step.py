@@ -1,0 +1,265 @@
+"""`bench step`: where a whole training step's time goes, per strategy and rollout setting.
+
+    python -m jagg_lab.bench step "experiments=[full,subsample_w6]" "rollouts=[sde,euler:1,euler:1+compile]" out=FILE.json
+
+Users pay for whole steps: the rollout (SDE sampling, no grad), the reward, and the gradient
+phase. Each round draws one prompt batch of the training stream (as `bench arms` does), then
+for every rollout setting samples it (the same prompts and noise: the SDE steps see the same
+draws whatever the tail) and scores it, and runs every experiment's gradient phase on it; the
+order is rotated each round. Per experiment x rollout setting: seconds of the rollout, the
+reward and the gradient phase (medians over rounds), their sum (the step), and its ratio to
+the reference row's; the rollout's policy calls and rows (each call carries both CFG branches),
+reference-policy calls (KL), the gradient phase's forwards and backward items; and the mean
+reward the setting's samples got, paired sample by sample with the reference setting's (an ODE
+tail must not make the task easier or harder by itself).
+
+A rollout setting is `sde` (as training samples by default), `SOLVER:STEPS` (the steps after
+the last trained one by ODE: `sampler.tail_solver=SOLVER sampler.tail_steps=STEPS`; `SOLVER`
+alone: as many steps as it replaces), with `+compile` for the rollout's policy calls through
+torch.compile (`compile_rollout=true`; its compilation is paid in the warm-up rounds).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from jagg_lab import cli
+from jagg_lab.bench.arms import _configs as experiment_configs
+from jagg_lab.bench.common import check_device, check_minimum, command_line, gradient_phase, machine, sync, training_setting, write_json
+from jagg_lab.bench.report import markdown_table
+from jagg_lab.rewards.base import check_scores
+from jagg_lab.sampling.rollout import ODE_SOLVERS
+
+__all__ = ["StepArgs", "RolloutSetting", "parse_rollout", "bench_step", "main"]
+
+PROG = "python -m jagg_lab.bench step"
+
+
+@dataclass(frozen=True)
+class RolloutSetting:
+    """How a rollout is sampled: the tail's ODE solver and steps (None: the SDE) and compilation."""
+
+    name: str
+    tail_solver: str | None = None
+    tail_steps: int | None = None
+    compile: bool = False
+
+
+def parse_rollout(spec: str) -> RolloutSetting:
+    """`sde`, `SOLVER`, `SOLVER:STEPS`, each optionally with `+compile`; ValueError naming `rollouts`."""
+    base, plus, flag = spec.partition("+")
+    if plus and flag != "compile":
+        raise ValueError(f"rollouts: {spec!r}: the only suffix is +compile")
+    solver, _, steps = base.partition(":")
+    if solver == "sde" and not steps:
+        return RolloutSetting(spec, compile=bool(plus))
+    if solver not in ODE_SOLVERS or (steps and not (steps.isdigit() and int(steps) >= 1)):
+        raise ValueError(f"rollouts: {spec!r} is not sde or SOLVER[:STEPS] with SOLVER in {ODE_SOLVERS} and STEPS >= 1")
+    return RolloutSetting(spec, solver, int(steps) if steps else None, bool(plus))
+
+
+@dataclass
+class StepArgs:
+    """Whole-step time per experiment x rollout setting, side by side on the same prompt batches
+    (see `python -m jagg_lab.bench step`'s module docstring)."""
+
+    out: str | None = None  # a new JSON file for the report (None: print only)
+    experiments: list[str] = field(default_factory=lambda: ["full", "subsample_w6"])  # +experiment=... (only the strategy may differ)
+    rollouts: list[str] = field(default_factory=lambda: ["sde", "euler:1"])  # rollout settings (module docstring)
+    reference: str | None = None  # "EXPERIMENT/ROLLOUT" the ratios are of (None: the first of each)
+    overrides: list[str] = field(default_factory=list)  # training-config overrides for every experiment
+    rounds: int = 5  # timed rounds, one prompt batch each
+    warmup: int = 1  # untimed rounds before them (compilation happens here)
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.rollouts or len(set(self.rollouts)) != len(self.rollouts):
+            raise ValueError(f"rollouts: a non-empty list without repeats, got {self.rollouts}")
+        for spec in self.rollouts:
+            parse_rollout(spec)
+        if self.reference is not None:
+            experiment, _, rollout = self.reference.partition("/")
+            if experiment not in self.experiments or rollout not in self.rollouts:
+                raise ValueError(f"reference: {self.reference!r} is not EXPERIMENT/ROLLOUT of {self.experiments} x {self.rollouts}")
+        check_minimum(self, {"rounds": 1, "warmup": 0})
+        check_device(self.device)
+        if self.out is not None and Path(self.out).exists():
+            raise ValueError(f"out: {self.out} already exists; choose a new file")
+
+
+def _configs(args: StepArgs) -> dict:
+    """The experiments' training configs (checked as `bench arms` checks them) and each rollout
+    setting's sampler, checked against the trained steps; ValueError naming the bad key."""
+    arms = experiment_configs(args)  # the same experiments / reference / overrides keys
+    first = arms[args.experiments[0]]
+    base = instantiate(first.sampler)
+    trained = instantiate(first.grpo).trained_steps(base.num_steps)
+    samplers = {}
+    for spec in args.rollouts:
+        setting = parse_rollout(spec)
+        sampler = dataclasses.replace(base, tail_solver=setting.tail_solver, tail_steps=setting.tail_steps)
+        try:
+            sampler.ode_phases(trained)
+        except ValueError as err:
+            raise ValueError(f"rollouts: {spec}: {err}") from None
+        samplers[spec] = (setting, sampler)
+    return {"experiments": arms, "samplers": samplers}
+
+
+def _paired(values: list[float], reference: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the per-sample differences."""
+    diffs = [a - b for a, b in zip(values, reference)]
+    return statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+
+
+def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: None, configs: dict | None = None) -> dict:
+    configs = configs or _configs(args)
+    arms, samplers = configs["experiments"], configs["samplers"]
+    first = arms[args.experiments[0]]
+    module, data = training_setting(first, args.seed, args.device)
+    strategies = {name: instantiate(cfg.strategy) for name, cfg in arms.items()}
+    micro_batches = data.samples_per_step // module.grpo.micro_batch_size
+    per_rollout = module.grpo.optimizer_steps_per_rollout
+    guidance_rows = 2 if module.sampler.guidance != 1.0 else 1
+    ref_calls = len(module.trained_steps) if module.ref_policy is not None else 0
+    compiled = {on: (module.compile_rollout(on), module.compiled_forward)[1] for on in {s.compile for s, _ in samplers.values()}}
+
+    times = {(e, r): {"rollout": [], "reward": [], "gradient": []} for e in strategies for r in samplers}
+    work = {key: {} for key in times}
+    rewards = {r: [] for r in samplers}
+    strict = {r: [] for r in samplers}
+    calls = {}
+    stream = iter(data.train_dataloader())
+    load_start, start = os.getloadavg(), time.perf_counter()
+    names, specs = list(strategies), list(samplers)
+    for i in range(args.warmup + args.rounds):
+        batch = next(stream)
+        prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
+        metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
+        group_ids = torch.arange(len(batch["prompts"]), device=args.device).repeat_interleave(data.group_size)
+        timed = i >= args.warmup
+        rotate = i % len(specs)
+        for spec in specs[rotate:] + specs[:rotate]:
+            setting, sampler = samplers[spec]
+            module.sampler, module.ode_phases = sampler, sampler.ode_phases(module.trained_steps)
+            module.compiled_forward = compiled[setting.compile]
+            module.rollouts_done = i  # the training step's noise and advantage seeds for rollout i
+            module.policy.eval()
+            sync(args.device)
+            t0 = time.perf_counter()
+            rollout = module.make_rollout(prompts, module.rollout_generator())
+            sync(args.device)
+            t1 = time.perf_counter()
+            components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
+            scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(args.device)
+            t2 = time.perf_counter()
+            advantages = module.advantages(scores, group_ids)
+            calls[spec] = rollout.forwards
+            if timed:
+                rewards[spec] += scores.tolist()
+                if "strict" in components:
+                    strict[spec] += components["strict"].float().tolist()
+            for name in names[rotate % len(names):] + names[:rotate % len(names)]:
+                seconds, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device,
+                                                micro_batches=micro_batches)
+                if timed:
+                    entry = times[name, spec]
+                    entry["rollout"].append(t1 - t0)
+                    entry["reward"].append(t2 - t1)
+                    entry["gradient"].append(seconds)
+                    for key in ("backward_items", "grad_forwards", "nograd_forwards"):
+                        work[name, spec].setdefault(key, []).append(stats.get(key, 0))
+            module.policy.zero_grad(set_to_none=True)
+            del rollout
+        progress(f"round {i + 1}/{args.warmup + args.rounds} ({'warm-up' if not timed else 'timed'}), "
+                 f"{time.perf_counter() - start:.0f} s")
+
+    reference = args.reference or f"{args.experiments[0]}/{args.rollouts[0]}"
+    ref_rollout = reference.partition("/")[2]
+    samples = len(prompts)
+    rows = []
+    for (name, spec), entry in times.items():
+        medians = {k: statistics.median(v) / (per_rollout if k == "gradient" else 1) for k, v in entry.items()}
+        step = medians["rollout"] / per_rollout + medians["reward"] / per_rollout + medians["gradient"]
+        reward_gain, reward_se = _paired(rewards[spec], rewards[ref_rollout])
+        row = {
+            "experiment": name, "rollout": spec,
+            "tail": None if samplers[spec][0].tail_solver is None else [samplers[spec][0].tail_solver, samplers[spec][0].tail_steps],
+            "compile": samplers[spec][0].compile,
+            "rollout_calls": calls[spec], "rollout_rows": calls[spec] * samples * guidance_rows, "reference_calls": ref_calls,
+            "rollout_s": medians["rollout"] / per_rollout, "reward_s": medians["reward"] / per_rollout,
+            "gradient_s": medians["gradient"], "step_s": step,
+            "backward_items": statistics.fmean(work[name, spec]["backward_items"]) / per_rollout,
+            "gradient_forwards": statistics.fmean(a + b for a, b in zip(work[name, spec]["grad_forwards"],
+                                                                       work[name, spec]["nograd_forwards"])) / per_rollout,
+            "reward_mean": statistics.fmean(rewards[spec]), "reward_vs_reference": reward_gain, "reward_vs_reference_se": reward_se,
+            "rounds_s": {k: v for k, v in entry.items()},
+        }
+        if strict[spec]:
+            row["strict_mean"] = statistics.fmean(strict[spec])
+            row["strict_vs_reference"], row["strict_vs_reference_se"] = _paired(strict[spec], strict[ref_rollout])
+        row["rollout_share"] = row["rollout_s"] / step
+        rows.append(row)
+    ref = next(r for r in rows if f"{r['experiment']}/{r['rollout']}" == reference)
+    for row in rows:
+        row["step_speedup"] = ref["step_s"] / row["step_s"]
+        row["gradient_speedup"] = ref["gradient_s"] / row["gradient_s"]
+        row["rollout_speedup"] = ref["rollout_s"] / row["rollout_s"]
+    return {
+        "command": command_line(args, PROG), "args": asdict(args), "reference": reference,
+        "setting": {group: OmegaConf.to_container(first[group], resolve=True) for group in ("policy", "sampler", "grpo", "data")},
+        "samples_per_rollout": samples, "micro_batches": micro_batches, "optimizer_steps_per_rollout": per_rollout,
+        "machine": {**machine(args.device), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "wall_s": time.perf_counter() - start,
+        "notes": [f"seconds are medians over {args.rounds} timed rounds after {args.warmup} warm-up round(s), per optimizer "
+                  "step (a rollout's and its reward's divided by grpo.optimizer_steps_per_rollout); every rollout setting "
+                  "samples each round's prompt batch with the same noise, every experiment's gradient phase runs on each",
+                  "step = rollout + reward + gradient phase; the optimizer step, the same for every row, is left out, so "
+                  "the weights stay the base's",
+                  "rollout_calls: policy calls of one rollout (each with both CFG branches: rollout_rows counts rows); "
+                  "reference_calls: the KL reference's calls (0 without KL)",
+                  "reward_vs_reference: mean per-sample reward difference against the reference rollout setting on the "
+                  "same prompts and noise, with its standard error"],
+        "rows": rows,
+    }
+
+
+COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("rollout_calls", "rollout calls", "{}"),
+           ("rollout_s", "rollout s", "{:.2f}"), ("reward_s", "reward s", "{:.3f}"), ("backward_items", "backward items", "{:g}"),
+           ("gradient_s", "gradient s", "{:.2f}"), ("step_s", "step s", "{:.2f}"), ("rollout_share", "rollout share", "{:.2f}"),
+           ("step_speedup", "step x reference", "{:.2f}"), ("reward_mean", "reward", "{:.3f}"),
+           ("reward_vs_reference", "reward vs reference", "{:+.3f}"), ("reward_vs_reference_se", "+-", "{:.3f}")]
+
+
+def table(report: dict) -> str:
+    return markdown_table(report["rows"], COLUMNS)
+
+
+def _main(args: StepArgs) -> int:
+    try:
+        configs = _configs(args)
+    except ValueError as err:
+        sys.stderr.write(f"step: {err}\n")
+        return 2
+    report = bench_step(args, progress=lambda line: sys.stderr.write(line + "\n"), configs=configs)
+    if args.out:
+        write_json(report, args.out)
+    sys.stdout.write(f"reference: {report['reference']}; {args.rounds} timed rounds in {report['wall_s']:.0f} s\n")
+    sys.stdout.write(table(report) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, StepArgs, PROG, argv)

@@ -1,0 +1,67 @@
+"""`python -m jagg_lab.bench step` on a tiny setting: every experiment x rollout setting, its calls,
+seconds that add up to the step, paired rewards; bad input refused before any model is built."""
+import json
+import statistics
+
+import pytest
+
+from jagg_lab.bench import common
+from jagg_lab.bench.__main__ import main
+from jagg_lab.bench.step import RolloutSetting, parse_rollout
+
+TINY = ["data.prompts_per_step=1", "data.group_size=4", "grpo.micro_batch_size=2", "sampler.num_steps=6",
+        "grpo.train_fraction=0.5", "grpo.optimizer_steps_per_rollout=2"]
+
+
+def test_rollout_settings_parse():
+    assert parse_rollout("sde") == RolloutSetting("sde")
+    assert parse_rollout("euler:1") == RolloutSetting("euler:1", "euler", 1)
+    assert parse_rollout("heun+compile") == RolloutSetting("heun+compile", "heun", None, True)
+    for bad in ("rk4:2", "euler:0", "euler:x", "sde:2", "sde+fast"):
+        with pytest.raises(ValueError, match="rollouts"):
+            parse_rollout(bad)
+
+
+def test_every_experiment_and_rollout_setting_gets_a_row(tmp_path):
+    out = tmp_path / "step.json"
+    code = main(["step", f"out={out}", "experiments=[full,jagg_causal_w4]", "rollouts=[sde,euler:1,heun:2,ab2]",
+                 "reference=full/sde", "rounds=2", "warmup=0", f"overrides=[{','.join(TINY)}]"])
+    assert code == 0
+    report = json.loads(out.read_text())
+    rows = {(r["experiment"], r["rollout"]): r for r in report["rows"]}
+    assert len(rows) == 8
+    # 3 SDE steps are trained; the other 3 by the SDE, 1 Euler step, 2 Heun steps (3 calls: the last is Euler), 3 AB2 steps
+    assert {spec: rows["full", spec]["rollout_calls"] for spec in ("sde", "euler:1", "heun:2", "ab2")} == {
+        "sde": 6, "euler:1": 4, "heun:2": 6, "ab2": 6}
+    assert rows["full", "sde"]["rollout_rows"] == 6 * 4 * 2  # CFG: two rows per sample and call
+    assert rows["full", "sde"]["backward_items"] == 3 and rows["jagg_causal_w4", "sde"]["backward_items"] == 2  # per optimizer step
+    for row in rows.values():
+        assert row["step_s"] == pytest.approx(row["rollout_s"] + row["reward_s"] + row["gradient_s"])
+        assert row["gradient_s"] == pytest.approx(statistics.median(row["rounds_s"]["gradient"]) / 2)  # 2 optimizer steps per rollout
+        assert row["step_speedup"] == pytest.approx(rows["full", "sde"]["step_s"] / row["step_s"])
+        assert 0 <= row["reward_mean"] <= 1
+    assert rows["full", "sde"]["reward_vs_reference"] == 0 and rows["full", "sde"]["step_speedup"] == 1
+    # the rollout of a setting is shared by the experiments: the same rewards
+    assert rows["full", "euler:1"]["reward_mean"] == rows["jagg_causal_w4", "euler:1"]["reward_mean"]
+    assert report["command"].startswith("python -m jagg_lab.bench step") and report["reference"] == "full/sde"
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["rollouts=[sde,sde]"], "rollouts"),
+    (["rollouts=[rk4:2]"], "rollouts"),
+    (["reference=full/euler:9"], "reference"),
+    (["overrides=[grpo.train_fraction=1.0]"], "no tail"),
+    (["experiments=[full,nope]"], "nope"),
+    (["rounds=0"], "rounds"),
+])
+def test_bad_input_is_refused_before_any_model_is_built(argv, key, capsys, monkeypatch):
+    monkeypatch.setattr(common, "GRPOModule", lambda *a, **k: pytest.fail("a model was built"))
+    assert main(["step", *argv]) == 2
+    assert key in capsys.readouterr().err
+
+
+def test_existing_output_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    out.write_text("{}")
+    assert main(["step", f"out={out}"]) == 2
+    assert "out" in capsys.readouterr().err and out.read_text() == "{}"
