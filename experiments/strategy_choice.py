@@ -223,8 +223,9 @@ def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> di
             run = OmegaConf.to_container(OmegaConf.load(config))
             for group in ("sampler", "grpo", "data"):  # data.seed is the run's own seed
                 timed, trained = ({k: v for k, v in d.get(group, {}).items() if k != "seed"} for d in (report["setting"], run))
-                if timed != trained:
-                    keys = sorted(k for k in timed.keys() | trained.keys() if timed.get(k) != trained.get(k))
+                # a key one side lacks counts as null: configs written before a key existed ran its null default
+                keys = sorted(k for k in timed.keys() | trained.keys() if timed.get(k) != trained.get(k))
+                if keys:
                     raise ValueError(f"timing: {path} timed other {group} settings than {config} trained with: {keys}")
     return seconds
 
