@@ -104,3 +104,26 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     (run / "config.yaml").write_text("seed: 1\nsampler: {num_steps: 10}\n")
     other = subprocess.run([*cmd[:-1], f"out={tmp_path}/other"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert other.returncode != 0 and "num_steps" in other.stderr and not (tmp_path / "other").exists()
+
+
+def test_timing_matches_a_config_that_lacks_a_key_only_where_the_timing_left_it_null(tmp_path, monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("strategy_choice", REPO / "experiments" / "strategy_choice.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))  # it imports its sibling default_gain
+    monkeypatch.setitem(sys.modules, "strategy_choice", module)  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    report = tmp_path / "timing.json"
+
+    def timed(**sampler):
+        report.write_text(json.dumps({"setting": {"sampler": {"num_steps": 10, **sampler}, "grpo": {}, "data": {}},
+                                      "rows": [{"experiment": "full", "gradient_s": 4.0, "backward_items": 12}]}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("sampler:\n  num_steps: 10\n")  # written before tail_solver existed
+    files = {"full": [str(run / "eval.json")]}
+    timed(tail_solver=None)
+    assert module._timing(str(report), files, "full") == {"full": (4.0 / 12, 4.0)}
+    timed(tail_solver="euler")
+    with pytest.raises(ValueError, match=r"sampler settings .*\['tail_solver'\]"):
+        module._timing(str(report), files, "full")
