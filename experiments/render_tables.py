@@ -1,0 +1,279 @@
+"""Render the results tables of README.md and docs/ from the committed files under experiments/results/.
+
+    python experiments/render_tables.py            # rewrite every table between its markers
+    python experiments/render_tables.py --check    # exit 1, naming each stale table, if any differs
+
+A table lives in a Markdown file between two marker comments:
+
+    <!-- table:strategies -->
+    | ... rendered here ... |
+    <!-- /table -->
+
+and NAME (here `strategies`) is one of `TABLES` below. Every number is read from a result file
+that a measuring command wrote (`experiments/strategy_choice.py`'s choice.json, `bench speed`'s
+speed.json, `bench step`'s reports, `experiments/quality.py`'s quality.md); nothing is
+re-measured or re-derived here beyond formatting. A new measurement: re-run the command that
+writes the file, then this script; `tests/test_render_tables.py` fails while a committed table
+differs from what this script renders.
+
+Only the standard library is used, so the check runs in a fraction of a second.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["TABLES", "render", "stale", "markdown_files", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+RESULTS = "experiments/results"
+CHOICE = f"{RESULTS}/choice/table/choice.json"  # full, plain JAGG, jagg_cv, subsampling (experiments/strategy_choice.py)
+CHOICE_CAUSAL = f"{RESULTS}/choice_causal/table/choice.json"  # jagg_causal arms beside full and subsampling
+SPEED = f"{RESULTS}/speed/speed.json"  # python -m jagg_lab.bench speed
+STEP_TAILS = f"{RESULTS}/step/default_tails.json"  # python -m jagg_lab.bench step, the default experiment's tails
+QUALITY = f"{RESULTS}/quality/quality.md"  # experiments/quality.py
+STEP_DIR = f"{RESULTS}/step"
+
+# where each kind of number is argued (links from the README's table)
+TRAINING_DOC = "docs/results/training.md"
+WHOLE_STEP_DOC = "docs/results/whole_step.md"
+
+MARKER = re.compile(r"<!-- table:(?P<name>[a-z_]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
+
+
+def _load(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def _arms(path: str) -> dict[str, dict]:
+    return {arm["arm"]: arm for arm in _load(path)["arms"]}
+
+
+def _choice_arm(name: str) -> tuple[dict, str]:
+    """The arm's row and the file it came from: the jagg_causal arms were timed in their own
+    `bench arms` run (beside `full`), every other arm in experiments/results/choice/."""
+    path = CHOICE_CAUSAL if name.startswith("jagg_causal") else CHOICE
+    return _arms(path)[name], path
+
+
+def _gain(arm: dict, metric: str = "strict") -> str:
+    return f"{arm[f'{metric}_gain_mean']:+.3f} +- {arm[f'{metric}_gain_std']:.3f}"
+
+
+def _items(arm: dict) -> str:
+    return f"{arm['items_per_step']:g} ({arm['items_vs_reference']:.2f})"
+
+
+def _seconds(arm: dict) -> str:
+    return f"{arm['gradient_s_per_step']:.2f} ({arm['time_vs_reference']:.2f})"
+
+
+def _bold(text: str, on: bool) -> str:
+    return f"**{text}**" if on else text
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _header(titles: list[str]) -> list[str]:
+    return [_row(titles), "|" + "---|" * len(titles)]
+
+
+# ---- whole-step ratios -------------------------------------------------------------------
+def whole_step_ratios() -> dict[str, tuple[float, str]]:
+    """{experiment: (its whole step's seconds / full's, the file)} from every `bench step` report
+    that timed `full` beside other experiments with the SDE rollout on the default task (the
+    shipped shapes DiT); empty where no such report is committed."""
+    ratios = {}
+    for path in sorted((ROOT / STEP_DIR).glob("*.json")):
+        report = json.loads(path.read_text())
+        policy = report.get("setting", {}).get("policy", {})
+        if policy.get("checkpoint") != "shipped":
+            continue  # another model (e.g. a smoke run of SD3.5-Medium's shape)
+        sde = {r["experiment"]: r["step_s"] for r in report["rows"] if r["rollout"] == "sde"}
+        if "full" in sde:
+            for name, seconds in sde.items():
+                ratios.setdefault(name, (seconds / sde["full"], path.relative_to(ROOT).as_posix()))
+    return ratios
+
+
+# ---- README: the one results table -------------------------------------------------------
+README_ARMS = ["full", "subsample_w6", "subsample_w4", "jagg_w4", "jagg_cv_w4", "jagg_cv_w6",
+               "jagg_causal_w4", "jagg_causal_w5", "jagg_causal_w6"]
+RECOMMENDED = "subsample_w6"
+
+
+def strategies(doc_dir: str = "") -> str:
+    """The README's table: per strategy, backward items, gradient-phase and whole-step seconds as
+    ratios to `full`, and the held-out strict gain over the base (mean +- std over training seeds)
+    with its distance to `full`'s in `full`'s seed std; every number links to its evidence."""
+    learns = f"{doc_dir}{TRAINING_DOC}#which-strategy-learns-unbiased-jagg-subsampling-and-full-over-seeds"
+    pick = f"{doc_dir}{TRAINING_DOC}#which-strategy-should-i-use"
+    step_doc = f"{doc_dir}{WHOLE_STEP_DOC}"
+    whole = whole_step_ratios()
+    lines = _header(["strategy", "backward items / step (x `full`)", "gradient-phase s (x `full`)",
+                     "whole-step s (x `full`)", "held-out strict gain over the base (seeds)", "vs `full` (its seed std)"])
+    for name in README_ARMS:
+        arm, _ = _choice_arm(name)
+        cost = pick if name.startswith("jagg_causal") else learns  # the causal arms' own timing is argued there
+        step = f"[{whole[name][0]:.2f}]({step_doc})" if name in whole else f"[n/m]({step_doc})"
+        vs = "0" if name == "full" else f"{arm['strict_vs_reference_in_std']:+.1f}"
+        lines.append(_row([_bold(f"`{name}`", name == RECOMMENDED),
+                           f"[{arm['items_per_step']:g} ({arm['items_vs_reference']:.2f})]({cost})",
+                           f"[{arm['time_vs_reference']:.2f}]({cost})", step,
+                           f"[{_gain(arm)}]({pick}) ({arm['seeds']})", f"[{vs}]({pick})"]))
+    return "\n".join(lines)
+
+
+# ---- docs/results/training.md ------------------------------------------------------------
+SHOULD_USE = [  # (arm, label, what it means): the notes are the argument of the doc, the numbers come from the files
+    ("full", "`full`", "the reference"),
+    ("subsample_w6", "`subsample_w6` (3 random steps of 6)", "within one seed std of `full` (0.7 below) at equal steps, level with it at equal time"),
+    ("subsample_w4", "`subsample_w4` (2 random steps of 4)", "plain JAGG's budget, unbiased: 0.4 std below `full`, one seed of three near the base"),
+    ("jagg_w4", "`jagg_w4` (plain JAGG)", "biased: 1.4 std below `full`, not measurably above the base"),
+    ("jagg_cv_w4", "`jagg_cv_w4` (unbiased JAGG)", "learns like `full` (0.1 std below), but saves little"),
+    ("jagg_cv_w6", "`jagg_cv_w6`", "unbiased, yet below `subsample_w6` (same items) at every one of five seeds; one collapsed (-0.170)"),
+    ("jagg_causal_w4", "`jagg_causal_w4` (knots {0, 3, 4, 5})", "half of subsampling's per-rollout error, trains like `subsample_w4` (0.4 std below `full`), but its 4-knot joint pass is slower per item"),
+    ("jagg_causal_w5", "`jagg_causal_w5` (knots {0, 4, 5})", "half of subsampling's error at the same items, yet 0.9 std below `full` and a little below `subsample_w6`"),
+    ("jagg_causal_w6", "`jagg_causal_w6` (knots {0, 5})", "a third of the items: does not measurably improve the base"),
+]
+
+
+def should_use() -> str:
+    lines = _header(["strategy", "backward items / step (x full)", "gradient s / step, CPU (x full)",
+                     "held-out strict gain", "what it means"])
+    for name, label, note in SHOULD_USE:
+        arm, _ = _choice_arm(name)
+        lines.append(_row([label, _items(arm), _seconds(arm), _gain(arm), note]))
+    return "\n".join(lines)
+
+
+CHOICE_LABELS = {"subsample_w4": "subsample_w4 (2 of 4)", "subsample_w6": "subsample_w6 (3 of 6)",
+                 "jagg_cv_w6": "jagg_cv_w6 (p = 1)", "jagg_cv_w6_p50": "jagg_cv_w6_p50 (p = 0.5)"}
+
+
+def choice() -> str:
+    """The arms of experiments/results/choice/: gains on the verdict set against `full`."""
+    lines = _header(["arm", "seeds", "backward items / step (x full)", "gradient s / step (x full)",
+                     "strict gain", "vs full", "dense gain", "vs full"])
+    for arm in _load(CHOICE)["arms"]:
+        ref = arm["arm"] == "full"
+        strong = arm["arm"] == RECOMMENDED
+        lines.append(_row([CHOICE_LABELS.get(arm["arm"], arm["arm"]), str(arm["seeds"]), _items(arm), _seconds(arm),
+                           _bold(_gain(arm), strong), _bold("0" if ref else f"{arm['strict_vs_reference_in_std']:.1f}", strong),
+                           _gain(arm, "dense"), "0" if ref else f"{arm['dense_vs_reference_in_std']:.1f}"]))
+    return "\n".join(lines)
+
+
+EQUAL_TIME_ORDER = ["subsample_w6", "subsample_w4", "jagg_cv_w4", "jagg_w4", "jagg_cv_w6", "jagg_cv_w6_p50"]
+
+
+def equal_time() -> str:
+    """Each arm's 100-step policies against `full`'s curve at the same gradient-phase seconds."""
+    rows = {r["arm"]: r for r in _load(CHOICE)["equal_time"]}
+    lines = _header(["arm (100 steps)", "gradient s", "`full` at the same seconds", "arm's strict gain",
+                     "`full`'s strict gain", "difference"])
+    for name in EQUAL_TIME_ORDER:
+        r = rows[name]
+        lines.append(_row([name, f"{r['gradient_s']:.0f}", f"step {r['reference_steps']:.1f}", _gain(r), _gain(r, "reference_strict"),
+                           f"{r['strict_gain_mean'] - r['reference_strict_gain_mean']:+.3f}"]))
+    return "\n".join(lines)
+
+
+def quality() -> str:
+    """experiments/quality.py's table as it wrote it."""
+    return "\n".join(line for line in (ROOT / QUALITY).read_text().splitlines() if line.startswith("|"))
+
+
+# ---- docs/results/speed.md and whole_step.md ---------------------------------------------
+def speed() -> str:
+    lines = _header(["size", "res", "strategy", "W", "backward passes (items)", "gradient phase (s)", "speedup",
+                     "whole step (s)", "speedup", "gradient peak memory (MiB)"])
+    for r in _load(SPEED)["rows"]:
+        lines.append(_row([r["size"], str(r["resolution"]), r["strategy"], str(r["window"]),
+                           f"{r['backward_passes']:.0f} ({r['backward_items']:.0f})", f"{r['gradient_s']:.3f}",
+                           f"{r['gradient_speedup']:.2f}x", f"{r['step_s']:.3f}", f"{r['step_speedup']:.2f}x",
+                           f"{r['peak_memory_mib']:.0f}"]))
+    return "\n".join(lines)
+
+
+TAIL_LABELS = {"sde": "`sde` (default)", "euler": "`euler` (4 steps)"}
+BEST_TAIL = "euler:1"  # the setting the doc adopts as opt-in
+
+
+def step_tails() -> str:
+    lines = _header(["rollout", "policy calls", "rollout s", "gradient s", "step s", "step x SDE", "reward vs SDE", "strict vs SDE"])
+    for r in _load(STEP_TAILS)["rows"]:
+        ref = r["rollout"] == "sde"
+        pair = (lambda key: "-" if ref else f"{r[key]:+.3f} +- {r[key + '_se']:.3f}")
+        lines.append(_row([TAIL_LABELS.get(r["rollout"], f"`{r['rollout']}`"), str(r["rollout_calls"]), f"{r['rollout_s']:.2f}",
+                           f"{r['gradient_s']:.2f}", f"{r['step_s']:.2f}", _bold(f"{r['step_speedup']:.2f}", r["rollout"] == BEST_TAIL),
+                           pair("reward_vs_reference"), pair("strict_vs_reference")]))
+    return "\n".join(lines)
+
+
+TABLES = {"strategies": strategies, "should_use": should_use, "choice": choice, "equal_time": equal_time,
+          "quality": quality, "speed": speed, "step_tails": step_tails}
+
+
+# ---- files -------------------------------------------------------------------------------
+def markdown_files(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def render(text: str, path: Path, root: Path = ROOT) -> str:
+    """`text` with every marked table replaced by its rendering; links inside a table are made
+    relative to `path`'s directory (the tables name them from the repository root)."""
+    prefix = "../" * len(path.resolve().parent.relative_to(root.resolve()).parts)
+
+    def replace(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise KeyError(f"{path}: unknown table {name!r}; known: {sorted(TABLES)}")
+        body = TABLES[name](prefix) if name == "strategies" else TABLES[name]()
+        return f"<!-- table:{name} -->\n{body}\n<!-- /table -->"
+
+    return MARKER.sub(replace, text)
+
+
+def stale(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """A unified diff per file whose marked tables differ from their rendering (empty: all current)."""
+    diffs = []
+    for path in paths:
+        text = path.read_text()
+        new = render(text, path, root)
+        if new != text:
+            diffs.append("".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                      f"{path} (committed)", f"{path} (rendered)", n=0)))
+    return diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=f"tables: {', '.join(TABLES)}; files: README.md and docs/**/*.md")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a committed table is stale")
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files inside the repository (default: README.md, docs/**/*.md)")
+    args = parser.parse_args(argv)
+    paths = [p.resolve() for p in args.files] or markdown_files()
+    diffs = stale(paths)
+    if args.check:
+        sys.stdout.write("".join(diffs))
+        if diffs:
+            sys.stderr.write(f"render_tables: {len(diffs)} file(s) hold stale tables; run python experiments/render_tables.py\n")
+        return 1 if diffs else 0
+    for path in paths:
+        text = path.read_text()
+        new = render(text, path)
+        if new != text:
+            path.write_text(new)
+            sys.stdout.write(f"rendered {path.relative_to(ROOT)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
