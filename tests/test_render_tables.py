@@ -1,0 +1,77 @@
+"""experiments/render_tables.py: the committed README and docs tables are what the committed
+result files render to, and an edited number or a new measurement makes the check fail."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("render_tables", REPO / "experiments" / "render_tables.py")
+rt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rt)
+
+
+def test_committed_tables_are_current():
+    diffs = rt.stale(rt.markdown_files())
+    assert not diffs, "stale tables; run python experiments/render_tables.py\n" + "".join(diffs)
+
+
+def test_readme_holds_the_strategy_table_with_linked_numbers():
+    text = (REPO / "README.md").read_text()
+    table = text.split("<!-- table:strategies -->\n", 1)[1].split("<!-- /table -->", 1)[0]
+    rows = table.strip().splitlines()[2:]
+    assert [r.split("|")[1].strip().strip("*`") for r in rows] == rt.README_ARMS
+    subsample = next(r for r in rows if "subsample_w6" in r)
+    choice = {a["arm"]: a for a in json.loads((REPO / rt.CHOICE).read_text())["arms"]}["subsample_w6"]
+    assert f"{choice['strict_gain_mean']:+.3f} +- {choice['strict_gain_std']:.3f}" in subsample
+    assert "[6 (0.50)](docs/results/training.md#" in subsample
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/results/training.md"])
+def test_check_fails_when_a_committed_number_is_edited(tmp_path, where):
+    copy = tmp_path / where
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    text = (REPO / where).read_text()
+    assert "+0.022 +- 0.022" in text  # subsample_w6's strict gain, in a rendered table
+    shutil.copy(REPO / where, copy)
+    assert rt.stale([copy], root=tmp_path) == []
+    copy.write_text(text.replace("+0.022 +- 0.022", "+0.025 +- 0.022", 1))
+    diffs = rt.stale([copy], root=tmp_path)
+    assert len(diffs) == 1
+    removed = [l for l in diffs[0].splitlines() if l.startswith("-") and not l.startswith("---")]
+    added = [l for l in diffs[0].splitlines() if l.startswith("+") and not l.startswith("+++")]
+    assert len(removed) == len(added) == 1 and "+0.025 +- 0.022" in removed[0] and "+0.022 +- 0.022" in added[0]
+
+
+def test_check_command_exits_0_on_the_repository_and_names_an_unknown_table(tmp_path):
+    done = subprocess.run([sys.executable, "experiments/render_tables.py", "--check"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- table:nonesuch -->\n<!-- /table -->\n")
+    with pytest.raises(KeyError, match="nonesuch"):
+        rt.stale([doc], root=tmp_path)
+
+
+def test_a_step_report_timing_full_fills_the_whole_step_column(tmp_path, monkeypatch):
+    """No committed `bench step` report times `full` beside the other arms on the default task
+    (the column reads n/m); one that does is picked up, and a smoke run of another model is not."""
+    assert rt.whole_step_ratios() == {}
+    step = tmp_path / rt.STEP_DIR
+    step.mkdir(parents=True)
+    rows = [{"experiment": e, "rollout": "sde", "step_s": s} for e, s in (("full", 10.0), ("subsample_w6", 7.5))]
+    (step / "default.json").write_text(json.dumps({"setting": {"policy": {"checkpoint": "shipped"}}, "rows": rows}))
+    (step / "smoke.json").write_text(json.dumps({"setting": {"policy": {"checkpoint": None}},
+                                                 "rows": [{**r, "step_s": 1.0} for r in rows]}))
+    monkeypatch.setattr(rt, "ROOT", tmp_path)
+    ratios = rt.whole_step_ratios()
+    assert ratios["subsample_w6"] == (0.75, f"{rt.STEP_DIR}/default.json")
+    monkeypatch.setattr(rt, "ROOT", REPO)  # the choice files stay the repository's
+    monkeypatch.setattr(rt, "whole_step_ratios", lambda: ratios)
+    assert "[0.75](docs/results/whole_step.md)" in rt.strategies()
