@@ -61,6 +61,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.objective = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
         self.trained_steps = list(self.objective.trained_steps)
         self.ode_phases = sampler.ode_phases(self.trained_steps)  # checked before any work
+        sampler.noise_levels(policy)  # likewise: the grid (sampler.schedule) fits the policy
         self.compile_rollout(compile_rollout)
         self.optimizer_factory = optimizer
         self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
@@ -93,7 +94,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         noise = shard_noise((len(prompts), *self.policy.sample_shape), generator, self.shard, self.device)
         guidance = self.sampler.guidance
         rollout = sde_rollout(
-            guided_velocity_fn(self.compiled_forward or self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels().to(self.device),
+            guided_velocity_fn(self.compiled_forward or self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels(self.policy).to(self.device),
             noise_level=self.sampler.noise_level, cond=cond, null_cond=null_cond,
             reduction=self.sampler.log_prob_reduction,
             ref_velocity_fn=guided_velocity_fn(self.ref_policy, cond, null_cond, guidance) if self.ref_policy is not None else None,

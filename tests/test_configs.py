@@ -18,7 +18,7 @@ NEEDS_WEIGHTS = {("policy", "sd3"), ("policy", "flux"), ("reward", "clip"), ("re
 # Options whose full size is GPU-sized: built at a CPU size here.
 SHRINK = {("policy", "sd3_random"): ["policy.num_layers=1", "policy.resolution=64", "policy.pos_embed_max_size=8",
                                      "policy.text_length=8"]}
-GPU_EXPERIMENTS = {"sd35m_jagg_w4"}
+GPU_EXPERIMENTS = {"sd35m_jagg_w4", "flux_jagg_w4"}
 # Options that need a GPU: without one, Lightning must refuse them when the trainer is built.
 NEEDS_GPU = {("trainer", "ddp"), ("trainer", "fsdp")}
 
@@ -43,7 +43,10 @@ def test_gpu_experiment_composes_with_its_settings(hydra_cfg):
     assert cfg.policy.kind == "sd3" and cfg.policy.lora_rank == 32 and cfg.policy.resolution == 512
     assert cfg.sampler.num_steps == 10 and cfg.sampler.guidance == 4.5 and cfg.sampler.noise_level == 0.7
     assert cfg.data.group_size == 24 and cfg.grpo.beta == 0.04 and cfg.strategy.window == 4
-    assert cfg.trainer.accelerator == "gpu"
+    assert cfg.trainer.accelerator == "gpu" and cfg.sampler.schedule == "pipeline" and cfg.sampler.shift == 1.0
+    flux = hydra_cfg(["+experiment=flux_jagg_w4"])
+    assert flux.policy.kind == "flux" and flux.policy.guidance_embed == 3.5 and flux.sampler.guidance == 1.0
+    assert flux.sampler.schedule == "pipeline" and flux.sampler.num_steps == 6 and flux.grpo.beta == 0.0
 
 
 @pytest.mark.parametrize("experiment", sorted(set(EXPERIMENTS) - GPU_EXPERIMENTS))
@@ -63,6 +66,7 @@ BAD = [
     ("+experiment=jagg_w4 strategy.window=0", "window"),
     ("sampler.noise_level=0", "noise_level"),
     ("sampler.guidance=0.5", "guidance"),
+    ("sampler.schedule=karras", "schedule"),
     ("+experiment=jagg_routed strategy.cos_threshold=null strategy.jagg_frac=2", "jagg_frac"),
     ("grpo.train_steps=[3,1]", "train_steps"),
     ("+experiment=jagg_routed strategy.cos_threshold=1.5", "cos_threshold"),

@@ -7,15 +7,17 @@ so per step and sample
 
     KL_k = || mu_k^trained(x_k) - mu_k^base(x_k) ||^2 / (2 sigma_k^2 D),
 
-with D = channels x height x width: the KL per dimension, Flow-GRPO's normalisation and that
-of the `kl` column of metrics.csv. `mean` averages KL_k over steps and samples, `per_step`
-over samples. By the chain rule, D * T * mean is the KL between the two policies' whole
-trajectory distributions from the same noise, which bounds the KL between their samples.
+with D = channels x height x width: the exact KL per dimension (sigma_k = std_k sqrt(-dt) is the
+transition's std). The `kl` column of metrics.csv is the training loss's KL term, Flow-GRPO's
+scale, which divides by std_k^2 instead: (-dt) x this KL_k at step k. `mean` averages KL_k over
+steps and samples, `per_step` over samples. By the chain rule, D * T * mean is the KL between the
+two policies' whole trajectory distributions from the same noise, which bounds the KL between
+their samples.
 
 Typical use::
 
     policy, base, sampler = run_policies("outputs/runs/RUN")
-    trajectory_kl(policy, base, eval_prompts(64, seed=1), sampler.noise_levels(),
+    trajectory_kl(policy, base, eval_prompts(64, seed=1), sampler.noise_levels(policy),
                   noise_level=sampler.noise_level, guidance=sampler.guidance, seed=1).mean
 """
 from __future__ import annotations

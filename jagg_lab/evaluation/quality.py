@@ -40,7 +40,7 @@ def policy_quality(
                            shift=sampler.shift, batch_size=batch_size)
     result = {**score_images(images, prompts), **fid_kid(images, reference, seed=seed)}
     if base is not None:
-        kl = trajectory_kl(policy, base, prompts[:n_kl], sampler.noise_levels(), noise_level=sampler.noise_level,
+        kl = trajectory_kl(policy, base, prompts[:n_kl], sampler.noise_levels(policy), noise_level=sampler.noise_level,
                            guidance=sampler.guidance, seed=seed, batch_size=batch_size)
         result.update(kl_to_base=kl.mean, kl_to_base_path=kl.path, kl_to_base_per_step=list(kl.per_step))
     return result

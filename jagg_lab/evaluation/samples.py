@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from jagg_lab.policies import VelocityPolicy, guided_velocity_fn
-from jagg_lab.sampling import noise_schedule, ode_sample, sde_rollout
+from jagg_lab.sampling import ode_sample, sampling_levels, sde_rollout
 from jagg_lab.worlds.shapes import CATEGORIES, sample_prompt
 
 __all__ = ["eval_categories", "eval_prompts", "sample_images"]
@@ -42,6 +42,8 @@ def sample_images(
 ) -> torch.Tensor:
     """ODE samples with classifier-free guidance, decoded: (B, 3, H, W) in [0, 1] on the CPU.
 
+    The grid is the policy's own (a diffusers policy's pipeline sigmas, which `shift` must then
+    leave at 1 or match; the DiT's shifted uniform grid), as its rollouts sample by default.
     Any VelocityPolicy (the tiny DiT, a diffusers adapter) works: the initial noise has the
     policy's `sample_shape` and is drawn on the CPU from `seed`, so ODE samples depend neither
     on the device's random stream nor on `batch_size`. With `noise_level` > 0, samples of the
@@ -49,7 +51,8 @@ def sample_images(
     batch's initial noise, so these do depend on `batch_size`).
     """
     generator = torch.Generator().manual_seed(seed)
-    levels = noise_schedule(num_steps, shift)
+    # the policy's own grid, as its rollouts: a diffusers pipeline's sigmas, else shift(linspace(1, 0, T + 1))
+    levels = sampling_levels(num_steps, schedule=None, shift=shift, policy=policy, key="evaluation")
     device = next(policy.parameters()).device
     null_cond = policy.encode_prompts([""])
     images = []

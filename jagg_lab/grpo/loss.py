@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jagg_lab.sampling.sde import gaussian_log_prob, sde_mean, sde_std, transition_kl
+from jagg_lab.sampling.sde import gaussian_log_prob, kl_penalty, sde_mean, sde_std
 
 __all__ = ["GRPOLoss", "StepStats"]
 
@@ -31,7 +31,9 @@ class StepStats:
 class GRPOLoss:
     """The clipped GRPO objective of one sampling step, plus beta * KL to the reference.
 
-    clip_range: PPO epsilon. beta: KL weight (0 disables the reference policy entirely).
+    clip_range: PPO epsilon. beta: KL weight (0 disables the reference policy entirely), on
+    Flow-GRPO's scale (`kl_penalty`: divided by std_k^2, not the transition variance), so its
+    published betas (0.04 GenEval / OCR, 0.01 PickScore) carry over.
     noise_level / log_prob_reduction must be those the rollout was sampled with.
     """
 
@@ -73,8 +75,8 @@ class GRPOLoss:
         if self.beta > 0:
             if ref_mean is None:
                 raise ValueError("grpo.beta > 0 needs the reference means cached at rollout time")
-            # KL between the two Gaussians of this transition, per dimension.
-            kl = transition_kl(mean, ref_mean, std).mean()
+            # Flow-GRPO's KL term: per dimension, over std_k^2 (the exact transition KL times -dt).
+            kl = kl_penalty(mean, ref_mean, std_k).mean()
             loss = loss + self.beta * kl
         with torch.no_grad():
             stats = StepStats(

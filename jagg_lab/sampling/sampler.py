@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from jagg_lab.sampling.rollout import ODE_SOLVERS
-from jagg_lab.sampling.schedule import noise_schedule
+from jagg_lab.sampling.schedule import SCHEDULES, sampling_levels
 
 __all__ = ["SDESampler"]
 
@@ -15,7 +15,12 @@ __all__ = ["SDESampler"]
 class SDESampler:
     """Sampling settings shared by GRPO rollouts (SDE) and evaluation (ODE).
 
-    num_steps: sampling steps T. shift: SD3 resolution shift (1 = none).
+    num_steps: sampling steps T. schedule: the noise grid, "uniform" (shift(linspace(1, 0, T + 1)))
+    or "pipeline" (the sigmas the policy's diffusers pipeline samples on, from its scheduler
+    config: shift, dynamic shifting); null = the policy's own, "pipeline" for a diffusers policy
+    and "uniform" for the shapes DiT. Rollouts, the trained steps and evaluation all use it.
+    shift: the uniform grid's SD3 resolution shift (1 = none); the pipeline grid takes its
+    scheduler's shift and refuses any other value than 1 or that one.
     noise_level: SDE noise scale `a`. guidance: classifier-free guidance scale (1 = off).
     log_prob_reduction: reduce per-pixel log-densities by "mean" (Flow-GRPO) or "sum".
     eval_num_steps: ODE steps for evaluation (defaults to num_steps).
@@ -27,6 +32,7 @@ class SDESampler:
     """
 
     num_steps: int = 10
+    schedule: str | None = None
     shift: float = 1.0
     noise_level: float = 0.7
     guidance: float = 1.0
@@ -40,6 +46,8 @@ class SDESampler:
     def __post_init__(self) -> None:
         if self.num_steps < 2:
             raise ValueError(f"sampler.num_steps must be >= 2, got {self.num_steps}")
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise ValueError(f"sampler.schedule must be one of {SCHEDULES} or null (the policy's own), got {self.schedule!r}")
         if self.shift <= 0:
             raise ValueError(f"sampler.shift must be > 0, got {self.shift}")
         if self.noise_level <= 0:
@@ -76,8 +84,14 @@ class SDESampler:
             "tail": None if self.tail_solver is None else (self.tail_solver, self.tail_steps),
         }
 
-    def noise_levels(self) -> torch.Tensor:
-        return noise_schedule(self.num_steps, self.shift)
+    def noise_levels(self, policy: object = None) -> torch.Tensor:
+        """The rollouts' grid for `policy` (its `pipeline_schedule`, if it has one), (num_steps + 1,);
+        ValueError naming sampler.schedule or sampler.shift if they do not fit the policy."""
+        return self._levels(self.num_steps, policy)
 
-    def eval_noise_levels(self) -> torch.Tensor:
-        return noise_schedule(self.eval_num_steps or self.num_steps, self.shift)
+    def eval_noise_levels(self, policy: object = None) -> torch.Tensor:
+        """The same grid at eval_num_steps (default num_steps), for ODE evaluation."""
+        return self._levels(self.eval_num_steps or self.num_steps, policy)
+
+    def _levels(self, num_steps: int, policy: object) -> torch.Tensor:
+        return sampling_levels(num_steps, schedule=self.schedule, shift=self.shift, policy=policy)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SDEStep", "sde_std", "sde_mean", "sde_step", "gaussian_log_prob", "transition_kl", "ode_step"]
+__all__ = ["SDEStep", "sde_std", "sde_mean", "sde_step", "gaussian_log_prob", "kl_penalty", "transition_kl", "ode_step"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -42,8 +42,17 @@ def sde_mean(x: torch.Tensor, v: torch.Tensor, s: float, s_next: float, std_k: f
 
 
 def transition_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: float) -> torch.Tensor:
-    """KL between N(mean, std^2 I) and N(ref_mean, std^2 I) per dimension, one value per sample (B,)."""
+    """KL between N(mean, std^2 I) and N(ref_mean, std^2 I) per dimension, one value per sample (B,).
+    With the transition std = std_k sqrt(-dt) this is the exact KL of one SDE step."""
     return (mean - ref_mean).pow(2).flatten(1).mean(1) / (2 * std**2)
+
+
+def kl_penalty(mean: torch.Tensor, ref_mean: torch.Tensor, std_k: float) -> torch.Tensor:
+    """The GRPO loss's KL term of one step, per sample (B,): mean over dimensions of
+    (mean - ref_mean)^2 / (2 std_k^2), Flow-GRPO's `kl_loss` (it divides by std_k^2, not by the
+    transition variance std_k^2 (-dt)), so its published betas mean the same here. It equals
+    (-dt) x `transition_kl` with std = std_k sqrt(-dt): the exact KL weighted by the step size."""
+    return transition_kl(mean, ref_mean, std_k)
 
 
 def gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: float, reduction: str = "mean") -> torch.Tensor:

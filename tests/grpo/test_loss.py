@@ -1,7 +1,10 @@
+import math
+
+import pytest
 import torch
 
 from jagg_lab.grpo import GRPOLoss
-from jagg_lab.sampling import sde_step
+from jagg_lab.sampling import PipelineSchedule, kl_penalty, sde_step, transition_kl
 
 
 def _setup(seed=0):
@@ -53,3 +56,28 @@ def test_kl_is_zero_at_reference_and_positive_away_from_it():
     assert stats.kl < 1e-10
     _, stats2 = loss_fn(v + 0.1, x, step.sample, 0.7, 0.6, step.log_prob, adv, noise_level=0.7, s_first_below_one=0.9, ref_mean=step.mean)
     assert stats2.kl > 1e-6
+
+
+@pytest.mark.parametrize("k", [0, 4, 8, 9])
+def test_kl_term_is_flow_grpos_closed_form_on_the_sd35m_grid(k):
+    """beta * KL with KL = mean over dims of (mu - mu_ref)^2 / (2 std_k^2), std_k = a sqrt(s / (1 - s)):
+    Flow-GRPO's kl_loss, so its betas transfer. The exact transition KL (over the variance
+    std_k^2 (-dt), the scale before) is 1 / (-dt) times larger: 3.7x to 112x on this grid."""
+    levels = PipelineSchedule("sd3", image_seq_len=1024, shift=3.0).noise_levels(10).tolist()
+    s, s_next, a = levels[k], levels[k + 1], 0.7
+    torch.manual_seed(3)
+    x, v, ref_v = torch.randn(4, 3, 4, 4), torch.randn(4, 3, 4, 4), torch.randn(4, 3, 4, 4)
+    step = sde_step(x, v, s, s_next, noise_level=a, s_first_below_one=levels[1], noise=torch.randn_like(x))
+    std_k = a * math.sqrt(s / (1 - (levels[1] if s == 1.0 else s)))
+    dt = s_next - s
+    mean_of = lambda vel: x + (vel + std_k**2 / (2 * s) * (x + (1 - s) * vel)) * dt  # noqa: E731
+    closed = ((mean_of(v) - mean_of(ref_v)) ** 2).mean(dim=(1, 2, 3)) / (2 * std_k**2)  # (B,)
+    beta = 0.04
+    loss, stats = GRPOLoss(clip_range=1e-4, beta=beta)(v, x, step.sample, s, s_next, step.log_prob, torch.zeros(4),
+                                                       noise_level=a, s_first_below_one=levels[1], ref_mean=mean_of(ref_v))
+    torch.testing.assert_close(stats.kl, closed.mean())
+    torch.testing.assert_close(loss, beta * closed.mean())  # zero advantages: the loss is the KL term alone
+    exact = transition_kl(mean_of(v), mean_of(ref_v), std_k * math.sqrt(-dt))
+    torch.testing.assert_close(exact * -dt, closed)
+    assert 1 / -dt > 3.5  # control: the exact-KL scale (the loss's before) misses the closed form by 3.7x or more
+    torch.testing.assert_close(kl_penalty(mean_of(v), mean_of(ref_v), std_k), closed)

@@ -22,10 +22,13 @@ class TransformerAdapter(Protocol):
 
     channels: latent channels C of x (B, C, h, w). token_patch: latent cells per token side.
     max_token_side: the largest token grid side the transformer accepts (None: unbounded).
+    sigma_spacing: how the family's pipeline spaces its sigmas ("sd3" or "flux", see
+    `jagg_lab.sampling.schedule`).
     """
 
     channels: int
     token_patch: int
+    sigma_spacing: str
     max_token_side: int | None
     default_max_sequence_length: int
 

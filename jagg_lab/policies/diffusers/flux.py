@@ -55,6 +55,7 @@ class FluxAdapter:
         self.guidance_embed = guidance_embed
         self.channels: int = config.in_channels // 4  # a token holds a 2x2 patch of latent cells
         self.token_patch = 2
+        self.sigma_spacing = "flux"  # FluxPipeline's sigmas: linspace(1, 1/T, T), then (dynamic) shift
         self.max_token_side: int | None = None  # rotary positions: no table to outgrow
         self._image_ids: dict[tuple, torch.Tensor] = {}  # (h, w, device) -> (h/2 * w/2, 3)
 

@@ -55,9 +55,9 @@ def load_pipeline(
     full_finetune: bool,
     max_sequence_length: int | None,
     local_files_only: bool,
-) -> tuple[nn.Module, nn.Module, PipelinePromptEncoder]:
-    """Transformer, VAE and prompt encoder of a local diffusers pipeline, or a clear error naming
-    `policy.pretrained` (raised while the run is being built, before any sampling)."""
+) -> tuple[nn.Module, nn.Module, PipelinePromptEncoder, dict[str, Any]]:
+    """Transformer, VAE, prompt encoder and scheduler config of a local diffusers pipeline, or a
+    clear error naming `policy.pretrained` (raised while the run is being built, before any sampling)."""
     if not pretrained:
         raise ValueError(
             f"policy.pretrained is required for kind={kind!r}: a local diffusers pipeline directory "
@@ -92,4 +92,4 @@ def load_pipeline(
     if full_finetune:
         transformer.float()
     log.info("loaded %s pipeline from %s", kind, source)
-    return transformer, vae, PipelinePromptEncoder(pipe, adapter, max_sequence_length)
+    return transformer, vae, PipelinePromptEncoder(pipe, adapter, max_sequence_length), dict(pipe.scheduler.config)

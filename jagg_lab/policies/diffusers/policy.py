@@ -9,7 +9,7 @@ weight-free SD3.5-Medium-shaped model for GPU timing.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -18,7 +18,9 @@ from jagg_lab.policies.diffusers.adapter import TransformerAdapter, adapter_clas
 from jagg_lab.policies.diffusers.loading import load_pipeline
 from jagg_lab.policies.diffusers.lora import SD3_LORA_TARGETS, make_trainable, register_checkpoint_hooks
 from jagg_lab.policies.diffusers.prompt_cache import PromptCache, PromptEncoder
-from jagg_lab.policies.diffusers.random_model import SD3_TEXT_LENGTH, RandomPromptEncoder, sd35_medium_transformer
+from jagg_lab.policies.diffusers.random_model import (SD3_TEXT_LENGTH, SD35_MEDIUM_SCHEDULER, RandomPromptEncoder,
+                                                      sd35_medium_transformer)
+from jagg_lab.sampling.schedule import PipelineSchedule
 from jagg_lab.types import Cond
 
 __all__ = ["DiffusersPolicy", "DTYPES"]
@@ -99,7 +101,9 @@ class DiffusersPolicy(nn.Module):
     embedding. prompt_cache_size: prompts whose embeddings are kept (LRU, on CPU; 0 = no cache).
     decode_batch_size: images per VAE decode call. checkpoint_frozen: also write the frozen base
     weights into checkpoints (off: a LoRA policy saves only its adapters). vae_scale_factor:
-    pixels per latent cell when there is no VAE (default 8).
+    pixels per latent cell when there is no VAE (default 8). scheduler_config: the pipeline's
+    `FlowMatchEulerDiscreteScheduler` config (None: that scheduler's defaults, shift 1): it sets
+    `pipeline_schedule`, the grid `sampler.schedule=pipeline` samples on at this resolution.
     """
 
     sample_shape: tuple[int, int, int]
@@ -121,6 +125,7 @@ class DiffusersPolicy(nn.Module):
         decode_batch_size: int = 8,
         checkpoint_frozen: bool = False,
         vae_scale_factor: int | None = None,
+        scheduler_config: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         adapter_cls = adapter_class(kind)
@@ -133,6 +138,7 @@ class DiffusersPolicy(nn.Module):
         self.checkpoint_frozen = checkpoint_frozen
         self.adapter = adapter_cls(transformer.config, guidance_embed)
         self.vae_scale_factor, self.sample_shape = _latent_geometry(kind, self.adapter, vae, resolution, vae_scale_factor)
+        self.scheduler_config = dict(scheduler_config or {})
 
         self.has_adapters = lora_target_modules is not None
         self._adapters_off_depth = 0
@@ -175,7 +181,7 @@ class DiffusersPolicy(nn.Module):
         contact the hub. Other arguments as in the constructor.
         """
         adapter = adapter_class(kind)
-        transformer, vae, encoder = load_pipeline(
+        transformer, vae, encoder, scheduler_config = load_pipeline(
             kind, adapter, pretrained, _dtype(dtype), full_finetune=lora_target_modules is None,
             max_sequence_length=max_sequence_length, local_files_only=local_files_only,
         )
@@ -183,7 +189,7 @@ class DiffusersPolicy(nn.Module):
             kind, transformer, vae, encoder, resolution=resolution, lora_rank=lora_rank, lora_alpha=lora_alpha,
             lora_target_modules=lora_target_modules, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
             guidance_embed=guidance_embed, prompt_cache_size=prompt_cache_size,
-            decode_batch_size=decode_batch_size, checkpoint_frozen=checkpoint_frozen,
+            decode_batch_size=decode_batch_size, checkpoint_frozen=checkpoint_frozen, scheduler_config=scheduler_config,
         )
 
     @classmethod
@@ -221,7 +227,7 @@ class DiffusersPolicy(nn.Module):
         return cls(
             "sd3", transformer, None, encoder, resolution=resolution, lora_rank=lora_rank, lora_alpha=lora_alpha,
             lora_target_modules=lora_target_modules, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
-            vae_scale_factor=8,
+            vae_scale_factor=8, scheduler_config=SD35_MEDIUM_SCHEDULER,
         )
 
     # ---- the policy protocol -----------------------------------------------------------------
@@ -234,6 +240,14 @@ class DiffusersPolicy(nn.Module):
         if mesh is None or mesh.device_type == "cpu":
             return weight.device
         return torch.device(mesh.device_type, torch.get_device_module(mesh.device_type).current_device())
+
+    @property
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """The pipeline's sigma grid at this resolution (`sampler.schedule=pipeline`); ValueError if its
+        scheduler uses an option that is not reproduced (see PipelineSchedule.from_scheduler_config)."""
+        _, h, w = self.sample_shape
+        tokens = (h // self.adapter.token_patch) * (w // self.adapter.token_patch)  # the pipeline's image_seq_len
+        return PipelineSchedule.from_scheduler_config(self.scheduler_config, self.adapter.sigma_spacing, tokens)
 
     @property
     def vae(self) -> nn.Module | None:

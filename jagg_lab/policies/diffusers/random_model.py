@@ -10,7 +10,8 @@ from torch import nn
 
 from jagg_lab.types import Cond
 
-__all__ = ["SD35_MEDIUM_TRANSFORMER", "SD3_TEXT_LENGTH", "RandomPromptEncoder", "sd35_medium_transformer"]
+__all__ = ["SD35_MEDIUM_TRANSFORMER", "SD35_MEDIUM_SCHEDULER", "SD3_TEXT_LENGTH", "RandomPromptEncoder",
+           "sd35_medium_transformer"]
 
 # `transformer/config.json` of stabilityai/stable-diffusion-3.5-medium (2.5B parameters):
 # 24 MMDiT-X blocks of width 24 x 64 = 1536, the first 13 with a second (image-only) attention.
@@ -29,6 +30,9 @@ SD35_MEDIUM_TRANSFORMER: dict[str, Any] = {
     "dual_attention_layers": tuple(range(13)),
     "qk_norm": "rms_norm",
 }
+# `scheduler/scheduler_config.json` of the same pipeline: its sampling grid (static shift 3).
+SD35_MEDIUM_SCHEDULER: dict[str, Any] = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
+                                         "shift": 3.0}
 # SD3's prompt sequence: 77 CLIP tokens followed by 256 T5 tokens (pipeline default).
 SD3_TEXT_LENGTH = 77 + 256
 

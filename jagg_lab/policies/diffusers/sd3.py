@@ -24,6 +24,7 @@ class SD3Adapter:
                 f"policy.guidance_embed={guidance_embed} but this transformer has no guidance embedding; set it to null"
             )
         self.channels: int = config.in_channels
+        self.sigma_spacing = "sd3"  # StableDiffusion3Pipeline's sigmas (jagg_lab.sampling.schedule)
         self.token_patch: int = config.patch_size
         # the learned positional table bounds the token grid's side
         self.max_token_side: int | None = getattr(config, "pos_embed_max_size", None)

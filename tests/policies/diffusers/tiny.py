@@ -59,6 +59,7 @@ def tiny_vae(seed: int = 0) -> AutoencoderKL:
 
 def tiny_policy(kind: str, *, lora: bool = True, seed: int = 0, transformer=None, **kwargs) -> DiffusersPolicy:
     kwargs.setdefault("resolution", RESOLUTION)
+    kwargs.setdefault("scheduler_config", {"shift": 3.0})  # SD3.5's scheduler: the pipeline grid at shift 3
     return DiffusersPolicy(
         kind, transformer or tiny_transformer(kind, seed), tiny_vae(seed), StubEncoder(*TEXT_SHAPES[kind]),
         lora_rank=4, lora_alpha=8, lora_target_modules=SD3_LORA_TARGETS if lora else None, **kwargs,
