@@ -1,7 +1,16 @@
-"""Checkpoints that are either complete or absent: written to a temporary file, then renamed."""
+"""Checkpoints that are either complete or absent (written to a temporary file, then renamed),
+and that load without running code.
+
+A checkpoint is a pickle, and unpickling can call any function the file names. jagg_lab's own
+checkpoints hold only tensors, numbers, strings and containers of them, so every checkpoint a
+user names (`resume=`, `policy.checkpoint=`, `jagg_lab.evaluate run=`) is read with torch's
+`weights_only=True` unpickler, which builds nothing else; a file that needs anything else is
+refused with one line naming the key, the file and what it holds.
+"""
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -10,7 +19,41 @@ import numpy as np
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-__all__ = ["AtomicCheckpointIO", "rng_state", "set_rng_state"]
+from jagg_lab.rundir import ConfigError
+
+__all__ = ["AtomicCheckpointIO", "UNSAFE", "load_checkpoint", "refuse_unsafe", "rng_state", "set_rng_state"]
+
+UNSAFE = "holds Python objects that jagg_lab checkpoints never contain"
+
+
+def refuse_unsafe(key: str, path: str | Path, what: list[str] | str) -> ConfigError:
+    """The error for a file whose unpickling would build or call `what` (names of globals)."""
+    names = ", ".join(what) if isinstance(what, list) else what
+    return ConfigError(f"{key}: {path} {UNSAFE} ({names or 'objects torch will not load'}); it was not loaded")
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+
+
+def load_checkpoint(path: str | Path, key: str) -> Any:
+    """torch.load of a checkpoint file a user named (`key`: the setting that named it), with
+    weights_only=True; a missing, unreadable or unsafe file is a ConfigError of one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{key}: no such checkpoint {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        try:  # what the file holds that weights_only refused, from the pickle's opcodes (nothing is built)
+            unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+        except Exception:  # not a zip checkpoint, or opcodes the scan does not know
+            unsafe = []
+        if unsafe or "Unsupported global" in str(err):
+            raise refuse_unsafe(key, path, unsafe) from None
+        raise ConfigError(f"{key}: {path} is not a readable checkpoint ({_first_line(err)})") from err
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        raise ConfigError(f"{key}: {path} is not a readable checkpoint ({_first_line(err)})") from err
 
 
 def rng_state() -> dict:

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import hydra
-import torch
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
@@ -29,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, quiet_third_party
-from jagg_lab.checkpointing import AtomicCheckpointIO
+from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings
 from jagg_lab.module import GRPOModule
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, remove_run_outputs, run_logger
@@ -39,13 +38,9 @@ log = logging.getLogger(__name__)
 
 
 def read_checkpoint(path: str) -> dict:
-    """Load a training checkpoint for resume, with a clear error if it is missing or damaged."""
-    if not Path(path).is_file():
-        raise ConfigError(f"resume: no such checkpoint {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # torch raises several types for truncated or foreign files
-        raise ConfigError(f"resume: {path} is not a readable checkpoint ({type(err).__name__}: {err})") from err
+    """Load a training checkpoint for resume (without running code: `load_checkpoint`), with a
+    clear error if it is missing, damaged or holds more than a checkpoint does."""
+    state = load_checkpoint(path, "resume")
     missing = [key for key in ("state_dict", "optimizer_states", "rollouts_done") if key not in state]
     if missing:
         raise ConfigError(f"resume: {path} is not a jagg_lab training checkpoint (missing {', '.join(missing)})")
@@ -126,13 +121,15 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
         group_size=data.group_size, seed=cfg.seed, sample_every=cfg.sample_every, run_dir=str(run_dir),
         max_bad_steps=cfg.max_bad_steps,
     )
+    # The periodic step_*.ckpt; SafeStop alone writes last.ckpt (the latest step, whoever asks).
     checkpoints = ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="step_{step:06d}", auto_insert_metric_name=False,
-        every_n_train_steps=cfg.checkpoint_every, save_last=True, save_top_k=-1,
+        every_n_train_steps=cfg.checkpoint_every, save_last=False, save_top_k=-1,
     )
-    # In this order: the summary's clock counts the base's held-out evaluation, the progress rate does not.
-    callbacks = [RunSummary(run_dir), SafeStop(checkpoints.dirpath, cfg.checkpoint_every_minutes), heldout, progress,
-                 SampleGrids(run_dir), checkpoints]
+    # In this order: the summary's clock counts the base's held-out evaluation, the progress rate does not;
+    # last.ckpt is written before the end-of-run held-out evaluation starts.
+    stop = SafeStop(checkpoints.dirpath, cfg.checkpoint_every_minutes, cfg.checkpoint_every or 0)
+    callbacks = [RunSummary(run_dir), stop, heldout, progress, SampleGrids(run_dir), checkpoints]
     logger = run_logger(run_dir, flush_logs_every_n_steps=1)
     trainer = instantiate(cfg.trainer, logger=[logger, *loggers], callbacks=callbacks, default_root_dir=str(run_dir),
                           plugins=[AtomicCheckpointIO()])
@@ -165,14 +162,14 @@ def main(cfg: DictConfig) -> None:
     log.info("run directory: %s", run_dir)
     summary, stop, heldout = (next(c for c in trainer.callbacks if isinstance(c, kind)) for kind in (RunSummary, SafeStop, HeldoutEval))
     try:
-        trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
+        trainer.fit(module, datamodule=data, ckpt_path=cfg.resume, weights_only=True)
     except BaseException:
         if owner and not summary.rewards:
             remove_run_outputs(run_dir, keep=earlier)  # failed before its first step: nothing worth keeping
         raise
     interrupted = signal.Signals(stop.signal).name if stop.signal is not None else None
     if owner:
-        summary.report(trainer, heldout, list(HydraConfig.get().overrides.task), interrupted)
+        summary.report(trainer, heldout, list(HydraConfig.get().overrides.task), interrupted, trained=stop.after_training)
     if interrupted:
         sys.exit(128 + stop.signal)  # the shell's convention for a process ended by a signal
 

@@ -15,6 +15,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from torch import nn
 
+from jagg_lab.checkpointing import load_checkpoint
+from jagg_lab.rundir import unfinished_run
 from jagg_lab.sampling import SDESampler
 
 __all__ = ["EXPORTED_WEIGHTS", "find_run", "load_policy_weights", "load_run_policy", "run_policies"]
@@ -32,7 +34,10 @@ def find_run(path: str | Path) -> tuple[Path, Path]:
         raise FileNotFoundError(f"{path}: not in a jagg_lab.train run directory (no config.yaml at or above it)")
     weights = run_dir / EXPORTED_WEIGHTS if path == run_dir else path
     if not weights.is_file():
-        raise FileNotFoundError(f"{weights}: the run has no exported policy (did it finish?)")
+        state = unfinished_run(run_dir) if path == run_dir else None
+        raise FileNotFoundError(f"{weights}: the run has no exported policy" + (f"; it {state}" if state else " (did it finish?)")
+                                + ("; its checkpoints/last.ckpt can be evaluated: run=" + str(run_dir / "checkpoints" / "last.ckpt")
+                                   if (run_dir / "checkpoints" / "last.ckpt").is_file() else ""))
     return run_dir, weights
 
 
@@ -48,7 +53,7 @@ def load_policy_weights(policy: nn.Module, weights: str | Path) -> nn.Module:
         policy.load(weights)
         return policy
     if weights.suffix == ".ckpt":
-        module_state = torch.load(str(weights), map_location="cpu", weights_only=True)["state_dict"]
+        module_state = load_checkpoint(weights, "run")["state_dict"]
         state = {k.removeprefix("policy."): v for k, v in module_state.items() if k.startswith("policy.")}
     else:
         state = load_file(str(weights))

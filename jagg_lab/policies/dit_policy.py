@@ -10,6 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from jagg_lab.checkpointing import load_checkpoint
 from jagg_lab.policies.dit import DIT_SIZES, DiT, DiTConfig, TextEncoder
 from jagg_lab.types import Cond
 from jagg_lab.worlds.shapes import Tokenizer
@@ -112,16 +113,16 @@ class DiTPolicy(nn.Module):
     def load(self, path: Path) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"policy.checkpoint: no such file {path}")
-        try:
-            if path.suffix == ".ckpt":  # a training checkpoint: the GRPO module's policy weights
-                module_state = torch.load(str(path), map_location="cpu", weights_only=True)["state_dict"]
-                saved, state = {}, {k.removeprefix("policy."): v for k, v in module_state.items() if k.startswith("policy.")}
-            else:
+        if path.suffix == ".ckpt":  # a training checkpoint: the GRPO module's policy weights, loaded without running code
+            module_state = load_checkpoint(path, "policy.checkpoint")["state_dict"]
+            saved, state = {}, {k.removeprefix("policy."): v for k, v in module_state.items() if k.startswith("policy.")}
+        else:
+            try:
                 with safe_open(str(path), framework="pt") as f:
                     saved = json.loads((f.metadata() or {}).get("config", "{}"))
                 state = load_file(str(path))
-        except Exception as err:  # safetensors and torch raise several types for corrupt files
-            raise ValueError(f"policy.checkpoint: cannot read {path}: {err}") from err
+            except Exception as err:  # safetensors raises several types for corrupt files
+                raise ValueError(f"policy.checkpoint: cannot read {path}: {err}") from err
         ours = self.config.to_dict()
         differ = {k: (saved[k], ours[k]) for k in ours if k in saved and saved[k] != ours[k]}
         if differ:
