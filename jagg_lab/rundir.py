@@ -1,13 +1,14 @@
 """The run directory every entry point writes into: never reused, with metrics in RUN_DIR/metrics.csv."""
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 
-__all__ = ["ConfigError", "check_fresh_run_dir", "run_logger", "RUN_OUTPUTS", "remove_run_outputs"]
+__all__ = ["ConfigError", "check_fresh_run_dir", "unfinished_run", "run_logger", "RUN_OUTPUTS", "remove_run_outputs"]
 
 _RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")
 
@@ -16,10 +17,33 @@ class ConfigError(ValueError):
     """An invalid configuration, reported before any work starts."""
 
 
+def unfinished_run(run_dir: Path) -> str | None:
+    """What a run directory left by a killed or interrupted run is, and how to go on from it
+    (None for a run that finished). A run writes summary.json last, with `interrupted` set if a
+    signal stopped it; a killed run never writes it."""
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):  # absent, or cut short mid-write
+        summary = {"interrupted": "killed"}
+    interrupted = summary.get("interrupted")
+    if interrupted is None:
+        return None
+    how = "was killed (no summary.json)" if interrupted == "killed" else f"was interrupted ({interrupted})"
+    if "unfinished" in summary:
+        return f"{how} after its last step: its summary.json names what is unfinished and the command that finishes it"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if not last.exists():
+        return f"{how} before it wrote checkpoints/last.ckpt: nothing to resume"
+    return f"{how}: continue it with resume={last} hydra.run.dir=NEW_DIR"
+
+
 def check_fresh_run_dir(run_dir: Path) -> None:
     taken = [name for name in _RUN_MARKERS if (run_dir / name).exists()]
     if taken:
-        raise ConfigError(f"run directory {run_dir} already holds a run ({', '.join(taken)}); choose another hydra.run.dir")
+        state = unfinished_run(run_dir)
+        raise ConfigError(f"run directory {run_dir} already holds a run ({', '.join(taken)})"
+                          + (f" that {state}" if state else "") + "; choose another hydra.run.dir")
 
 
 def run_logger(run_dir: Path, flush_logs_every_n_steps: int) -> CSVLogger:

@@ -19,6 +19,11 @@ base on the same samples, in `heldout_final.json`, the loggers (`heldout_final/*
 summary. The base's scores on that set are evaluated at the start, unless a stored evaluation of
 the very same weights and settings ships with the package (the shipped base's does).
 
+Evaluations of more than one batch log their progress (samples done / total, ETA). The end-of-run
+ones run after `checkpoints/last.ckpt` is written; a SIGINT / SIGTERM there stops them after the
+batch in progress, the policy is still exported, and `unfinished` names what was left (the
+summary gives the command that finishes it).
+
 The settings match `python -m jagg_lab.evaluate` (same defaults): with the same n_samples and
 seed, its evaluations see the same prompts and noise as these, and `args` says so.
 """
@@ -36,6 +41,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
 from jagg_lab.callbacks.interrupt import SafeStop
+from jagg_lab.callbacks.progress import SampleProgress
 from jagg_lab.evaluation import eval_prompts, paired_gain, sample_images, score_images
 from jagg_lab.sharding import FSDPStrategy
 
@@ -46,6 +52,10 @@ STORED = Path(__file__).resolve().parent.parent / "assets" / "heldout"  # stored
 log = logging.getLogger(__name__)
 
 METRICS = ("dense_score", "strict_accuracy")
+
+
+class EvaluationCut(Exception):
+    """A signal arrived during an end-of-run evaluation: it stopped after the batch in progress."""
 
 
 class HeldoutEval(Callback):
@@ -86,6 +96,8 @@ class HeldoutEval(Callback):
         self.verdict: dict | None = None  # the final policy's, with its step and gains
         self.restored: tuple[float, int] | None = None  # (score, step) of the best policy the run went back to
         self.best_file: Path | None = None  # the best.ckpt holding `best` (a resumed run's may be its first run's)
+        self.unfinished: list[str] = []  # end-of-run work a signal cut short
+        self._stop: SafeStop | None = None  # set during the end-of-run evaluations: what cuts them short
 
     @property
     def enabled(self) -> bool:
@@ -106,10 +118,16 @@ class HeldoutEval(Callback):
         prompts = eval_prompts(args["n_samples"], args["seed"])
         training = policy.training
         policy.eval()
-        with torch.random.fork_rng(devices=[]):
-            images = sample_images(policy, prompts, seed=args["seed"], num_steps=self.num_steps, guidance=self.guidance,
-                                   shift=self.shift, batch_size=self.batch_size)
-        policy.train(training)
+        label = "held-out verdict" if final else "held-out evaluation"
+        stop = self._stop
+        progress = SampleProgress(label, len(prompts), should_stop=None if stop is None else (lambda: stop.stopping),
+                                  stop_error=EvaluationCut)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                images = sample_images(policy, prompts, seed=args["seed"], num_steps=self.num_steps, guidance=self.guidance,
+                                       shift=self.shift, batch_size=self.batch_size, on_batch=progress)
+        finally:
+            policy.train(training)
         return {"args": args, **score_images(images, prompts)}
 
     # ---- hooks -----------------------------------------------------------------------
@@ -156,15 +174,31 @@ class HeldoutEval(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         done = self.latest is not None and self.latest["step"] == trainer.global_step
-        interrupted = any(isinstance(c, SafeStop) and c.signal is not None for c in trainer.callbacks)
-        if not self.enabled or interrupted:  # an interrupted run ends at once
+        stop = next((c for c in trainer.callbacks if isinstance(c, SafeStop)), None)
+        if not self.enabled or (stop is not None and stop.stopping):  # a run interrupted in training ends at once
             return
-        if not done:
-            self._check(trainer, pl_module)
+        self._stop = stop
+        try:
+            self._end(trainer, pl_module, done)
+        finally:
+            self._stop = None
+
+    def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, done: bool) -> None:
+        """The end-of-run evaluation, the way back to the best policy and the verdict, until a signal."""
+        verdict = ["held-out verdict"] if self.final_base is not None else []
+        if not done and not self._check(trainer, pl_module):
+            self.unfinished = ["end-of-run held-out evaluation",
+                               *(["going back to the best held-out policy"] if self.restore_best else []), *verdict]
+            log.warning("held-out: interrupted, not finished: %s", ", ".join(self.unfinished))
+            return
         if self.restore_best and self.best[1] != trainer.global_step:
             self._restore(trainer, pl_module)
-        if self.final_base is not None and trainer.is_global_zero:
-            self._verdict(trainer, pl_module)
+        if verdict and trainer.is_global_zero:
+            try:
+                self._verdict(trainer, pl_module)
+            except EvaluationCut as cut:
+                self.unfinished = verdict
+                log.warning("%s: no verdict (heldout_final.json is not written)", cut)
 
     @property
     def best_path(self) -> Path:
@@ -205,12 +239,20 @@ class HeldoutEval(Callback):
                  "strict %+.3f ± %.3f", self.final_n_samples, self.final_seed, step, gain["dense_gain"], gain["dense_gain_se"],
                  gain["strict_gain"], gain["strict_gain_se"])
 
-    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Evaluate (rank 0), then, on every rank: best.ckpt, early stop."""
-        result = self.evaluate(pl_module.policy) if trainer.is_global_zero else None
+    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+        """Evaluate (rank 0), then, on every rank: best.ckpt, early stop. False if a signal cut
+        the evaluation short (only at the end of the run)."""
+        result = None
+        if trainer.is_global_zero:
+            try:
+                result = self.evaluate(pl_module.policy)
+            except EvaluationCut as cut:
+                log.warning("%s", cut)
         if result is not None:
             self._record(trainer, result, trainer.global_step)
         score = trainer.strategy.broadcast(result[self.metric] if result is not None else None, src=0)
+        if score is None:
+            return False
         if score > self.best[0]:
             self.best = (score, trainer.global_step)
             self._save_best(trainer)
@@ -219,6 +261,7 @@ class HeldoutEval(Callback):
             log.warning("held-out %s %.3f fell more than %g below its best %.3f (step %d): stopping early",
                         self.metric, score, self.stop_margin, *self.best)
             trainer.should_stop = True
+        return True
 
     def _record(self, trainer: L.Trainer, result: dict, step: int) -> None:
         """Log one evaluation (rank 0): heldout.csv, the non-CSV loggers, the console."""

@@ -1,6 +1,14 @@
-"""Interrupt-safe training: SIGINT / SIGTERM finish the optimizer step in progress, write
-`checkpoints/last.ckpt` and stop the run normally (so the policy is exported too); `last.ckpt`
-is also refreshed every `every_minutes` of wall time, whatever the step count.
+"""Interrupt-safe training and the one writer of `checkpoints/last.ckpt`.
+
+SIGINT / SIGTERM finish the optimizer step in progress, write `last.ckpt` and stop the run
+normally (so the policy is exported too). After the last optimizer step (the end-of-run
+held-out evaluation and verdict, the export) a signal cuts the held-out work short instead:
+`last.ckpt` is already written then, and the policy is still exported.
+
+`last.ckpt` is always the latest step: written every `every_n_steps` steps (with the periodic
+`step_*.ckpt` Lightning's ModelCheckpoint writes), every `every_minutes` of wall time, on a
+signal and at the end of training, by this callback alone, over the same name (a second
+writer would make Lightning version the name: `last-v1.ckpt`).
 
 A second SIGINT quits at once, without saving. Across processes, the stop is decided at the
 end of each step by all ranks together (any rank that received a signal stops them all), and
@@ -25,23 +33,46 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class SafeStop(Callback):
     """dirpath: the checkpoint directory (last.ckpt is written there). every_minutes: refresh
-    last.ckpt at this wall-time interval (0 = only on signals and the step-based checkpoints)."""
+    last.ckpt at this wall-time interval (0 = off). every_n_steps: also every N optimizer
+    steps (0 = off); the last step is always written."""
 
-    def __init__(self, dirpath: str | Path, every_minutes: float = 10.0):
+    def __init__(self, dirpath: str | Path, every_minutes: float = 10.0, every_n_steps: int = 0):
         if every_minutes < 0:
             raise ValueError(f"checkpoint_every_minutes must be >= 0, got {every_minutes}")
+        if every_n_steps < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {every_n_steps}")
         self.path = Path(dirpath) / "last.ckpt"
         self.every_s = every_minutes * 60
+        self.every_n_steps = every_n_steps
         self.signal: int | None = None  # the signal that stopped the run, if any
+        self.training_done = False  # the last optimizer step is behind: a signal now cuts the end-of-run work short
+        self.after_training = False  # the signal came once training was done
         self._previous: dict[int, object] = {}
         self._last_save = 0.0
+        self._saved_step: int | None = None
 
     def _handle(self, signum: int, frame) -> None:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # the second Ctrl-C: quit now
         self.signal = signum
-        log.warning("%s received: finishing the current step, then writing %s (Ctrl-C again to quit without saving)",
-                    signal.Signals(signum).name, self.path)
+        self.after_training = self.training_done
+        if self.training_done:
+            log.warning("%s received: skipping the rest of the end-of-run evaluation; the policy is still exported "
+                        "(Ctrl-C again to quit at once)", signal.Signals(signum).name)
+        else:
+            log.warning("%s received: finishing the current step, then writing %s (Ctrl-C again to quit without saving)",
+                        signal.Signals(signum).name, self.path)
+
+    @property
+    def stopping(self) -> bool:
+        """A signal arrived: work that can be cut short should stop."""
+        return self.signal is not None
+
+    def save(self, trainer: L.Trainer) -> None:
+        """Write last.ckpt of the current step (every rank takes part)."""
+        trainer.save_checkpoint(self.path, False)  # the whole state (optimizer, loops, callbacks), not the weights alone
+        self._last_save, self._saved_step = time.monotonic(), trainer.global_step
+        log.info("step %d: wrote %s", trainer.global_step, self.path)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
@@ -51,16 +82,21 @@ class SafeStop(Callback):
         stop = trainer.strategy.reduce_boolean_decision(self.signal is not None, all=False)
         due = bool(self.every_s) and time.monotonic() - self._last_save >= self.every_s
         due = trainer.strategy.broadcast(due, src=0)
-        if stop or due:
-            trainer.save_checkpoint(self.path)
-            self._last_save = time.monotonic()
-            log.info("step %d: wrote %s", trainer.global_step, self.path)
+        step = trainer.global_step
+        periodic = bool(self.every_n_steps) and step % self.every_n_steps == 0
+        last = 0 < trainer.max_steps <= step
+        if stop or due or periodic or last:
+            self.save(trainer)
         if stop:
             self.signal = self.signal or signal.SIGINT  # a rank that got no signal stops with the others
             trainer.should_stop = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.teardown(trainer, pl_module, "fit")
+        """Before the end-of-run evaluation (the callbacks after this one): last.ckpt of the last
+        step, if the run ended otherwise than at max_steps (max_time, an early stop)."""
+        if self._saved_step != trainer.global_step:
+            self.save(trainer)
+        self.training_done = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for sig, handler in self._previous.items():

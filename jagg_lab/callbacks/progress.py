@@ -14,11 +14,12 @@ import math
 import time
 import warnings
 from datetime import timedelta
+from typing import Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, Timer
 
-__all__ = ["StepProgress", "progress_line", "quiet_third_party"]
+__all__ = ["StepProgress", "SampleProgress", "progress_line", "count_line", "quiet_third_party"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,36 @@ def progress_line(step: int, total: int | None, elapsed_s: float, steps_done: in
         where = f"step {step}"
     return (f"{where} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta)} | {rate:.2f} s/step | "
             f"reward {reward:.3f} | loss {loss:.3g}")
+
+
+def count_line(label: str, done: int, total: int, elapsed_s: float) -> str:
+    """One progress line of work counted in samples (an evaluation), as `progress_line` for steps:
+    `held-out verdict: 128/512 samples [#####---------------] 25% | 0:00:31 elapsed, ETA 0:01:33`."""
+    eta = elapsed_s / done * (total - done) if done else math.inf
+    filled = round(BAR_WIDTH * done / total)
+    return (f"{label}: {done}/{total} samples [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * done // total}% | "
+            f"{_clock(elapsed_s)} elapsed, ETA {_clock(eta)}")
+
+
+class SampleProgress:
+    """`on_batch` of `jagg_lab.evaluation.sample_images`: a `count_line` after each batch, at most
+    one per `interval_s` (the last always), when there is more than one batch; and a stop, by
+    raising `stop_error`, once `should_stop()` says so."""
+
+    def __init__(self, label: str, total: int, interval_s: float = 5.0, should_stop: Callable[[], bool] | None = None,
+                 stop_error: type[Exception] = RuntimeError):
+        self.label, self.total, self.interval_s = label, total, interval_s
+        self.should_stop, self.stop_error = should_stop, stop_error
+        self._t0 = self._last = time.monotonic()
+        self._lines = 0
+
+    def __call__(self, done: int) -> None:
+        now, last = time.monotonic(), done >= self.total
+        if (self._lines == 0 and not last) or (self._lines and (last or now - self._last >= self.interval_s)):
+            self._last, self._lines = now, self._lines + 1
+            log.info(count_line(self.label, done, self.total, now - self._t0))
+        if not last and self.should_stop is not None and self.should_stop():
+            raise self.stop_error(f"{self.label} stopped after {done}/{self.total} samples")
 
 
 class StepProgress(ProgressBar):

@@ -41,9 +41,11 @@ class RunSummary(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         self.rewards.append(float(trainer.callback_metrics.get("reward", math.nan)))
 
-    def report(self, trainer: L.Trainer, heldout: HeldoutEval, overrides: list[str], interrupted: str | None) -> dict:
+    def report(self, trainer: L.Trainer, heldout: HeldoutEval, overrides: list[str], interrupted: str | None,
+               trained: bool = False) -> dict:
         """The summary as a dict (also logged and written to summary.json). overrides: the run's
-        command-line overrides, for the resume command; interrupted: the signal's name, if any."""
+        command-line overrides, for the resume command; interrupted: the signal's name, if any;
+        trained: the signal came after the last optimizer step (it cut the end-of-run work short)."""
         run, steps = self.run_dir, trainer.global_step
         seconds = time.monotonic() - self._t0
         tail = max(1, math.ceil(len(self.rewards) / 10))
@@ -52,7 +54,8 @@ class RunSummary(Callback):
             "reward_first": _mean(self.rewards[:tail]), "reward_last": _mean(self.rewards[-tail:]), "reward_window": tail,
             "interrupted": interrupted, "policy": str(run / "policy.safetensors"), "checkpoints": str(run / "checkpoints"),
         }
-        lines = [f"{'interrupted' if interrupted else 'finished'} after {steps} steps "
+        in_training = interrupted and not trained
+        lines = [f"{'interrupted' if in_training else 'finished'} after {steps} steps "
                  f"({summary['steps_this_run']} in this run, {timedelta(seconds=round(seconds))})",
                  f"training reward (mean of the first / last {tail} rollouts): "
                  f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}"]
@@ -83,12 +86,20 @@ class RunSummary(Callback):
                              f"{heldout.restored[1]}, checkpoints/last.ckpt of step {steps}")
         elif heldout.enabled:
             lines.append("held-out: no final evaluation (interrupted)")
-        lines.append(f"policy: {summary['policy']}; checkpoints: {summary['checkpoints']}/")
-        if interrupted:
+        if interrupted and trained:
+            summary["unfinished"] = list(heldout.unfinished)
+            lines.append(f"{interrupted} after the last step: " + (f"not finished: {', '.join(heldout.unfinished)}"
+                                                                    if heldout.unfinished else "nothing was left unfinished"))
+        lines.append(f"policy: {summary['policy']}; checkpoints: {summary['checkpoints']}/ (last.ckpt: step {steps})")
+        if in_training:
             kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
             resume = ["python", "-m", "jagg_lab.train", *kept, f"resume={run / 'checkpoints' / 'last.ckpt'}",
                       "hydra.run.dir=NEW_DIR"]
             summary["next"] = " ".join(shlex.quote(a) for a in resume[:-1]) + " " + resume[-1]
+        elif heldout.unfinished:  # what the held-out work would have measured, by the evaluation command
+            settings = heldout.args(trainer.lightning_module.policy, final="held-out verdict" in heldout.unfinished)
+            summary["next"] = f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} " + " ".join(
+                f"{k}={settings[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size"))
         else:
             summary["next"] = f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} n_samples=512 seed=1"
         lines.append(f"next: {summary['next']}")

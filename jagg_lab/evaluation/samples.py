@@ -7,6 +7,8 @@ same prompts and the same initial noise, whatever the policy: that is what lets
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -39,6 +41,7 @@ def sample_images(
     shift: float = 1.0,
     batch_size: int = 64,
     noise_level: float = 0.0,
+    on_batch: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """ODE samples with classifier-free guidance, decoded: (B, 3, H, W) in [0, 1] on the CPU.
 
@@ -48,7 +51,8 @@ def sample_images(
     policy's `sample_shape` and is drawn on the CPU from `seed`, so ODE samples depend neither
     on the device's random stream nor on `batch_size`. With `noise_level` > 0, samples of the
     SDE that GRPO trains with instead (its step noise drawn from the same generator after each
-    batch's initial noise, so these do depend on `batch_size`).
+    batch's initial noise, so these do depend on `batch_size`). `on_batch(samples_done)` is
+    called after each batch (progress; an exception it raises stops the sampling).
     """
     generator = torch.Generator().manual_seed(seed)
     # the policy's own grid, as its rollouts: a diffusers pipeline's sigmas, else shift(linspace(1, 0, T + 1))
@@ -67,4 +71,6 @@ def sample_images(
         else:
             x = ode_sample(velocity_fn, noise, levels.to(device))
         images.append(policy.decode(x).cpu())
+        if on_batch is not None:
+            on_batch(start + len(chunk))
     return torch.cat(images)

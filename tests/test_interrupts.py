@@ -1,0 +1,115 @@
+"""Runs that are interrupted or killed lose nothing: `last.ckpt` is always the latest step, an
+interrupt after the last step still leaves the policy, `last.ckpt` and a summary naming what is
+unfinished, a run killed at any point resumes from its latest complete checkpoint to the rows of
+an uninterrupted run, and the directory it leaves is recognised by the next command.
+
+The faults are injected by `python -m tests.faults` (a signal at a chosen point of the run)."""
+import json
+import shlex
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from jagg_lab.evaluate import main as evaluate
+from jagg_lab.evaluation import find_run
+from jagg_lab.rundir import ConfigError, check_fresh_run_dir
+from tests.test_train_cli import REPO, read_rows, train
+
+SMALL = ["policy=dit_xs", "data.prompts_per_step=1", "data.group_size=4", "grpo.micro_batch_size=2", "sampler.num_steps=4",
+         "reward=jpeg", "optimizer.lr=1e-3", "heldout.n_samples=0", "sample_every=0"]
+EVERY_STEP = "checkpoint_every_minutes=0.000001"  # the wall-time writer of last.ckpt fires at every step
+
+
+def faulty(point, nth, name, *overrides):
+    return subprocess.run([sys.executable, "-m", "tests.faults", point, str(nth), name, *overrides], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def step_in(path):
+    return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+
+
+def same_rows(rows, reference):
+    keys = [k for k in reference[0] if not k.startswith("time_")]
+    return [{k: r[k] for k in keys} for r in rows] == [{k: r[k] for k in keys} for r in reference]
+
+
+def test_last_ckpt_is_the_latest_step_across_timer_periodic_and_interrupt_writes(tmp_path):
+    """Timer writes at every step, a periodic checkpoint at step 2, SIGINT during step 3: one
+    last.ckpt, of step 3 (it was last-v1.ckpt when two writers shared the name)."""
+    run = tmp_path / "run"
+    proc = faulty("rollout", 3, "INT", *SMALL, "trainer.max_steps=5", "checkpoint_every=2", EVERY_STEP,
+                  f"hydra.run.dir={run}")
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step_000002.ckpt"]
+    assert step_in(run / "checkpoints" / "last.ckpt") == 3 == len(read_rows(run / "metrics.csv"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] == "SIGINT" and f"resume={run / 'checkpoints' / 'last.ckpt'}" in summary["next"]
+
+
+def test_an_interrupt_during_the_verdict_keeps_the_policy_and_says_what_is_left(tmp_path):
+    run = tmp_path / "run"
+    heldout = ["heldout.n_samples=4", "heldout.num_steps=2", "heldout.batch_size=2", "heldout.every=0",
+               "heldout.final_n_samples=6", "heldout.final_seed=3"]
+    proc = faulty("verdict", 1, "INT", *[o for o in SMALL if not o.startswith("heldout.")], *heldout,
+                  "trainer.max_steps=3", "checkpoint_every=2", f"hydra.run.dir={run}")
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
+    assert "held-out verdict: 2/6 samples" in proc.stderr + proc.stdout  # progress, then the stop
+    assert (run / "policy.safetensors").is_file() and not (run / "heldout_final.json").exists()
+    assert step_in(run / "checkpoints" / "last.ckpt") == 3
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["interrupted"] == "SIGINT" and summary["unfinished"] == ["held-out verdict"]
+    command = shlex.split(summary["next"])
+    assert command[:3] == ["python", "-m", "jagg_lab.evaluate"] and "n_samples=6" in command and "seed=3" in command
+    assert evaluate([*command[3:], f"out={tmp_path / 'verdict.json'}"]) == 0  # the command finishes it
+    assert json.loads((tmp_path / "verdict.json").read_text())["args"]["n_samples"] == 6
+
+
+def test_a_run_killed_while_writing_last_ckpt_resumes_exactly_and_is_recognised(tmp_path):
+    killed, resumed = tmp_path / "killed", tmp_path / "resumed"
+    proc = faulty("last_write", 3, "KILL", *SMALL, "trainer.max_steps=3", "checkpoint_every=2", EVERY_STEP,
+                  f"hydra.run.dir={killed}")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    last = killed / "checkpoints" / "last.ckpt"
+    assert step_in(last) == 2  # the write of step 3 was cut: step 2's stays whole
+    straight = read_rows(killed / "metrics.csv")  # logged before the kill: an uninterrupted run's
+    assert len(straight) == 3
+    # the next command that meets the directory says what it is and how to go on
+    with pytest.raises(ConfigError, match=f"was killed .*resume={last} hydra.run.dir=NEW_DIR"):
+        check_fresh_run_dir(killed)
+    with pytest.raises(FileNotFoundError, match=f"was killed.*run={last}"):
+        find_run(killed)  # python -m jagg_lab.evaluate run=KILLED
+    train(*SMALL, "trainer.max_steps=3", "checkpoint_every=2", f"resume={last}", f"hydra.run.dir={resumed}")
+    rows = read_rows(resumed / "metrics.csv")
+    assert [int(r["step"]) for r in rows] == [3] and same_rows(rows, straight[2:])
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight") / "run"
+    train(*SMALL, "trainer.max_steps=4", "checkpoint_every=2", EVERY_STEP, f"hydra.run.dir={run}")
+    return read_rows(run / "metrics.csv")
+
+
+# (point, nth time there): a rollout, a gradient pass (2 micro-batches a step), last.ckpt and a periodic
+# checkpoint half written, each in step 3 or 4.
+KILLS = [("rollout", 3), ("gradient", 6), ("last_write", 4), ("periodic_write", 2), ("rollout", 4), ("gradient", 7)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point,nth", KILLS)
+def test_a_run_killed_anywhere_resumes_from_its_latest_checkpoint_to_the_uninterrupted_rows(tmp_path, straight, point, nth):
+    killed, resumed = tmp_path / "killed", tmp_path / "resumed"
+    proc = faulty(point, nth, "KILL", *SMALL, "trainer.max_steps=4", "checkpoint_every=2", EVERY_STEP,
+                  f"hydra.run.dir={killed}")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    last = killed / "checkpoints" / "last.ckpt"
+    step = step_in(last)  # the latest complete checkpoint loads
+    done = read_rows(killed / "metrics.csv")
+    assert same_rows(done, straight[: len(done)]) and step in (len(done), len(done) - 1)
+    train(*SMALL, "trainer.max_steps=4", "checkpoint_every=2", EVERY_STEP, f"resume={last}", f"hydra.run.dir={resumed}")
+    rows = read_rows(resumed / "metrics.csv")
+    assert [int(r["step"]) for r in rows] == list(range(step + 1, 5)) and same_rows(rows, straight[step:])
