@@ -1,3 +1,7 @@
+import logging
+
+import pytest
+
 from jagg_lab.callbacks import progress_line
 
 
@@ -12,3 +16,21 @@ def test_progress_line_counts_from_the_resumed_step_and_prints_a_readable_loss()
 def test_progress_line_under_a_time_budget_takes_the_sooner_end():
     assert "ETA 0:00:30" in progress_line(5, 100, 50.0, 5, 0.5, 0.0, time_left_s=30.0)
     assert progress_line(5, None, 50.0, 5, 0.5, 0.0, time_left_s=30.0).startswith("step 5 |")
+
+
+def test_evaluation_progress_counts_samples_and_stops_when_asked(caplog):
+    from jagg_lab.callbacks import SampleProgress, count_line
+
+    assert count_line("held-out verdict", 128, 512, 31.0) == (
+        "held-out verdict: 128/512 samples [#####---------------] 25% | 0:00:31 elapsed, ETA 0:01:33")
+    caplog.set_level(logging.INFO)
+    progress = SampleProgress("held-out verdict", 6, interval_s=0)
+    for done in (2, 4, 6):
+        progress(done)
+    assert [r.getMessage().split(" [")[0] for r in caplog.records] == [f"held-out verdict: {n}/6 samples" for n in (2, 4, 6)]
+    caplog.clear()
+    SampleProgress("one batch", 4)(4)
+    assert not caplog.records  # one batch: nothing to follow
+    stopping = SampleProgress("held-out verdict", 6, should_stop=lambda: True, stop_error=KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt, match="stopped after 2/6 samples"):
+        stopping(2)
