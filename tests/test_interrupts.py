@@ -95,8 +95,8 @@ def straight(tmp_path_factory):
 
 
 # (point, nth time there): a rollout, a gradient pass (2 micro-batches a step), last.ckpt and a periodic
-# checkpoint half written, each in step 3 or 4.
-KILLS = [("rollout", 3), ("gradient", 6), ("last_write", 4), ("periodic_write", 2), ("rollout", 4), ("gradient", 7)]
+# checkpoint half written (step_000002.ckpt, after last.ckpt of step 2), in steps 2 to 4.
+KILLS = [("rollout", 3), ("gradient", 6), ("last_write", 4), ("periodic_write", 1), ("rollout", 4), ("gradient", 7)]
 
 
 @pytest.mark.slow
