@@ -9,9 +9,10 @@ stream (rollout i of a run of the first experiment, its noise and advantages), t
 experiment's gradient phase on it as its training step would (its strategy from its config, the
 micro-batches of grpo.micro_batch_size, from zeroed gradients), in an order rotated each round.
 Per experiment: backward items per optimizer step, the median gradient-phase seconds per
-optimizer step over the timed rounds, and both as a share of the reference's. The gradient
-phase runs in float32, as the CPU trainer runs it; an experiment that trains in another
-precision is refused. The experiments must agree on every setting but the strategy (the
+optimizer step over the timed rounds, and both as a share of the reference's. The rollouts and
+gradient phases run in the experiments' `trainer.precision` (32-true, or bf16-mixed: Lightning's
+autocast, as training runs it), which they must share: arms of one table are timed in one
+precision. The experiments must agree on every setting but the strategy (the
 policy, sampler, reward, data and GRPO settings), else their rollouts would differ; a mismatch
 is refused naming the experiment and the key.
 """
@@ -30,11 +31,13 @@ from omegaconf import OmegaConf
 
 from jagg_lab import cli
 from jagg_lab.bench.common import (
+    PRECISIONS,
     check_device,
     check_minimum,
     command_line,
     gradient_phase,
     machine,
+    precision_context,
     training_config,
     training_rollout,
     training_setting,
@@ -84,11 +87,14 @@ def _configs(args: ArmsArgs) -> dict:
             configs[name] = training_config(name, args.seed, args.overrides)
         except ValueError as err:
             raise ValueError(f"experiments: {name}: {err}") from None
-    for name, cfg in configs.items():  # the benchmark runs the gradient phase in float32, as a 32-true run does
-        precision = str(cfg.trainer.get("precision", "32-true"))
-        if precision not in ("32-true", "32"):
-            raise ValueError(f"experiments: {name} trains with trainer.precision={precision}; this benchmark times float32 only")
     first, *rest = args.experiments
+    for name, cfg in configs.items():  # one precision for every arm, one the benchmark can run
+        precision = _precision(cfg)
+        if precision not in PRECISIONS:
+            raise ValueError(f"experiments: {name} trains with trainer.precision={precision}; this benchmark runs {list(PRECISIONS)}")
+        if precision != _precision(configs[first]):
+            raise ValueError(f"experiments: {name} trains with trainer.precision={precision} but {first} with "
+                             f"{_precision(configs[first])}; time the arms of one table in one precision")
     for name in rest:
         for group in SHARED:
             a, b = (OmegaConf.to_container(configs[n][group], resolve=True) for n in (first, name))
@@ -97,6 +103,11 @@ def _configs(args: ArmsArgs) -> dict:
                 raise ValueError(f"experiments: {name} differs from {first} in {', '.join(f'{group}.{k}' for k in keys)}; "
                                  "only the strategy may differ")
     return configs
+
+
+def _precision(cfg) -> str:
+    precision = str(cfg.trainer.get("precision", "32-true"))
+    return "32-true" if precision == "32" else precision
 
 
 def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: None, configs: dict | None = None) -> dict:
@@ -111,14 +122,16 @@ def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: No
     stream = iter(data.train_dataloader())
     load_start, start = os.getloadavg(), time.perf_counter()
     names = list(strategies)
+    precision = _precision(first)
     for i in range(args.warmup + args.rounds):
-        rollout, advantages = training_rollout(module, data, next(stream), i, args.device)
-        rotate = i % len(names)
-        for name in names[rotate:] + names[:rotate]:
-            t, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device, micro_batches=micro_batches)
-            if i >= args.warmup:
-                seconds[name].append(t)
-                items[name].append(stats["backward_items"])
+        with precision_context(precision, args.device):
+            rollout, advantages = training_rollout(module, data, next(stream), i, args.device)
+            rotate = i % len(names)
+            for name in names[rotate:] + names[:rotate]:
+                t, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device, micro_batches=micro_batches)
+                if i >= args.warmup:
+                    seconds[name].append(t)
+                    items[name].append(stats["backward_items"])
         module.policy.zero_grad(set_to_none=True)
         progress(f"round {i + 1}/{args.warmup + args.rounds} ({'warm-up' if i < args.warmup else 'timed'}), "
                  f"{time.perf_counter() - start:.0f} s")
@@ -134,7 +147,7 @@ def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: No
         row["time_vs_reference"] = row["gradient_s"] / ref["gradient_s"]
         row["seconds_per_item"] = row["gradient_s"] / row["backward_items"]
     return {
-        "command": command_line(args, PROG), "args": asdict(args), "reference": reference,
+        "command": command_line(args, PROG), "args": asdict(args), "reference": reference, "precision": precision,
         "setting": {group: OmegaConf.to_container(first[group], resolve=True) for group in ("sampler", "grpo", "data")},
         "micro_batches": micro_batches, "optimizer_steps_per_rollout": per_rollout,
         "machine": {**machine(args.device), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},

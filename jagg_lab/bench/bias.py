@@ -4,6 +4,9 @@
     python -m jagg_lab.bench bias "strategies=[jagg_causal:4,subsample:4,jagg_causal:6,subsample:6]" ...
 
 A strategy named `name:W` gets one row at window W; a bare name gets one per `windows` entry.
+`name[:W]@PRECISION` runs that row's gradient phase in a `trainer.precision` (bf16-mixed: the
+transformer under bfloat16 autocast, as training runs it) on the same float32 rollouts, against
+float32 `full`; `full@bf16-mixed` is `full` itself in bfloat16.
 
 In GRPO one rollout's gradient is roughly ten times larger than its mean over rollouts, so
 a per-rollout cosine to `full` says little: what matters is whether an estimator's error
@@ -26,10 +29,12 @@ import torch
 
 from jagg_lab import cli
 from jagg_lab.bench.common import (
+    PRECISIONS,
     check_device,
     command_line,
     gradient_phase,
     machine,
+    precision_context,
     training_config,
     training_rollout,
     training_setting,
@@ -56,6 +61,7 @@ PROG = "python -m jagg_lab.bench bias"
 
 # name -> (window, seed[, cos_threshold]) -> strategy; every estimator is compared with `full` on the same rollout
 ESTIMATORS: dict[str, Callable[..., GradientStrategy]] = {
+    "full": lambda w, seed: FullStrategy(),  # as an estimator: in another precision than the float32 reference
     "jagg": lambda w, seed: JaggStrategy(window=w, mode="cached"),
     "subsample": lambda w, seed: SubsampleStrategy(window=w, per_window=2, choice="random", seed=seed),
     "subsample3": lambda w, seed: SubsampleStrategy(window=w, per_window=3, choice="random", seed=seed),
@@ -76,14 +82,23 @@ ESTIMATORS: dict[str, Callable[..., GradientStrategy]] = {
 }
 
 
-def parse_entry(entry: str) -> tuple[str, int | None]:
-    """`name` or `name:W` -> (name, W or None)."""
-    name, _, window = entry.partition(":")
+def parse_entry(entry: str) -> tuple[str, int | None, str]:
+    """`name`, `name:W`, each optionally `@PRECISION` -> (name, W or None, precision)."""
+    spec, _, precision = entry.partition("@")
+    precision = precision or "32-true"
+    if precision not in PRECISIONS:
+        raise ValueError(f"strategies: {entry!r} names precision {precision!r}; choose from {list(PRECISIONS)}")
+    name, _, window = spec.partition(":")
+    if name == "full":
+        if window or precision == "32-true":
+            raise ValueError(f"strategies: {entry!r}: full has no window, and in 32-true it is the reference itself; "
+                             "use full@bf16-mixed")
+        return name, 1, precision
     if not window:
-        return name, None
+        return name, None, precision
     if not window.isdigit() or int(window) < 2:
         raise ValueError(f"strategies: {entry!r} pins a window that is not an integer >= 2")
-    return name, int(window)
+    return name, int(window), precision
 
 
 # work counts a strategy reports, per rollout (jagg_frac: the routed share of approximated windows)
@@ -143,14 +158,16 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     every rollout from the fourth on (its `rollouts_done` says how many it holds)."""
     cfg, module, data = setting or _setting(args)
     objective = module.objective
-    # key: (strategy, window, cos_threshold); the threshold only for jagg_routed's rows
+    # key: (strategy, window, cos_threshold, precision); the threshold only for jagg_routed's rows
     entries = [parse_entry(entry) for entry in args.strategies]
-    keys = list(dict.fromkeys((name, w, t) for name, pinned in entries for w in ([pinned] if pinned else args.windows)
+    keys = list(dict.fromkeys((name, w, t, precision) for name, pinned, precision in entries
+                              for w in ([pinned] if pinned else args.windows)
                               for t in (args.routed_thresholds if name == "jagg_routed" else [None])))
-    estimators = {(name, w, t): ESTIMATORS[name](w, args.seed) if t is None else ESTIMATORS[name](w, args.seed, t)
-                  for name, w, t in keys}
+    estimators = {(name, w, t, p): ESTIMATORS[name](w, args.seed) if t is None else ESTIMATORS[name](w, args.seed, t)
+                  for name, w, t, p in keys}
+    reference = ("full", 1, None, "32-true")
     sums = {key: ErrorSums() for key in estimators}
-    work = {key: {} for key in [("full", 1, None), *estimators]}
+    work = {key: {} for key in [reference, *estimators]}
     seconds = {key: 0.0 for key in work}
 
     def count(key, stats, t):
@@ -160,6 +177,7 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
 
     def report(done: int) -> dict:
         rows = [{"strategy": key[0], "window": key[1], **({"cos_threshold": key[2]} if key[2] is not None else {}),
+                 "precision": key[3],
                  **{f"{name}_per_rollout": v / done for name, v in work[key].items()},
                  "gradient_s_per_rollout": seconds[key] / done, **(bias_summary(sums[key]) if key in sums else {})}
                 for key in work]
@@ -178,9 +196,10 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
         rollout, advantages = training_rollout(module, data, next(stream), i, args.device)
         module.policy.train()
         f, stats, t = _gradient(FullStrategy(), module, rollout, advantages, args.device)
-        count(("full", 1, None), stats, t)
+        count(reference, stats, t)
         for key, strategy in estimators.items():
-            g, stats, t = _gradient(strategy, module, rollout, advantages, args.device)
+            with precision_context(key[3], args.device):
+                g, stats, t = _gradient(strategy, module, rollout, advantages, args.device)
             sums[key].add(g, f)
             count(key, stats, t)
         progress(f"rollout {i + 1}/{args.n_rollouts}, {time.perf_counter() - start:.0f} s")
@@ -189,7 +208,7 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     return report(args.n_rollouts)
 
 
-COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("backward_items_per_rollout", "backward items", "{:.1f}"),
+COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("precision", "precision", "{}"), ("backward_items_per_rollout", "backward items", "{:.1f}"),
            ("cos_threshold", "routing threshold", "{}"), ("jagg_frac_per_rollout", "routed share", "{:.2f}"),
            ("per_rollout_cosine", "per-rollout cos(g, f)", "{:.3f}"), ("z", "z (no bias: ~1)", "{:.2f}"),
            ("halves_cosine", "cos(odd, even mean d)", "{:.2f}"), ("bias_over_mean_full", "|mean d| / |mean f|", "{:.2f}"),

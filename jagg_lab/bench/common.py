@@ -6,6 +6,7 @@ rollout, so a benchmark times exactly the training code with the strategy passed
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -19,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from hydra.utils import instantiate
+from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 from safetensors import safe_open
@@ -37,6 +39,7 @@ from jagg_lab.worlds.shapes import sample_prompt
 __all__ = [
     "training_config", "training_setting", "training_rollout",
     "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
+    "PRECISIONS", "precision_context", "check_precisions",
     "MEMORY_METHODS", "Memory", "is_out_of_memory", "free_memory", "limit_memory", "measure_memory",
     "check_device", "check_minimum", "check_resolution", "check_sampling", "command_line", "write_json",
 ]
@@ -149,6 +152,27 @@ def advantages(module: GRPOModule, rollout: Rollout, prompts: list[str], seed: i
     return adv
 
 
+# ---- precision: what a training step runs under ----------------------------------------------
+# trainer.precision values a training step can run in: float32, or the transformer under bfloat16
+# autocast with the SDE math, log-probs, rewards and optimizer state in float32
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def precision_context(precision: str, device: str) -> contextlib.AbstractContextManager:
+    """What `Trainer(precision=...)` runs training_step under: Lightning's own mixed-precision
+    plugin's autocast for bf16-mixed, nothing for 32-true."""
+    if precision in ("32-true", "32"):
+        return contextlib.nullcontext()
+    if precision == "bf16-mixed":
+        return MixedPrecision("bf16-mixed", "cuda" if device.startswith("cuda") else "cpu").forward_context()
+    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def check_precisions(key: str, precisions: list[str]) -> None:
+    if not precisions or len(set(precisions)) != len(precisions) or any(p not in PRECISIONS for p in precisions):
+        raise ValueError(f"{key}: a non-empty list without repeats of {list(PRECISIONS)}, got {precisions}")
+
+
 # ---- the timed gradient phase --------------------------------------------------------------
 def sync(device: str) -> None:
     """Wait for queued GPU work, so a wall-clock time covers it."""
@@ -160,7 +184,8 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
                    device: str, micro_batches: int = 1) -> tuple[float, dict]:
     """What a training step runs after its rollout, on-policy, from zeroed gradients (left in
     .grad): the whole batch in `micro_batches` micro-batches (1: one). Returns (seconds, the
-    strategy's stats combined over micro-batches: counts summed, the rest averaged)."""
+    strategy's stats combined over micro-batches: counts summed, the rest averaged, with the
+    loss's clip_frac and ratio_mean over the trained steps)."""
     module.policy.train()
     module.policy.zero_grad(set_to_none=True)
     total = rollout.final.shape[0]
@@ -169,11 +194,13 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
     sync(device)
     start = time.perf_counter()
     for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
-        stats, _ = module.objective.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
-                                             on_policy=True, params=params)
-        parts.append(stats)
+        parts.append(module.objective.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
+                                               on_policy=True, params=params))
     sync(device)
-    return time.perf_counter() - start, combine_stats(parts)
+    seconds = time.perf_counter() - start
+    return seconds, combine_stats([{**stats, "clip_frac": torch.stack([s.clip_frac for s in steps]).mean().item(),
+                                    "ratio_mean": torch.stack([s.ratio_mean for s in steps]).mean().item()}
+                                   for stats, steps in parts])
 
 
 # ---- memory: what a phase needs, and what happens when it does not fit ----------------------

@@ -1,6 +1,7 @@
 """`bench step`: where a whole training step's time goes, per strategy and rollout setting.
 
     python -m jagg_lab.bench step "experiments=[full,subsample_w6]" "rollouts=[sde,euler:1,euler:1+compile]" out=FILE.json
+    python -m jagg_lab.bench step "experiments=[subsample_w6,full]" "precisions=[32-true,bf16-mixed]" limit=true out=FILE.json
 
 Users pay for whole steps: the rollout (SDE sampling, no grad), the reward, and the gradient
 phase. Each round draws one prompt batch of the training stream (as `bench arms` does), then
@@ -17,6 +18,13 @@ A rollout setting is `sde` (as training samples by default), `SOLVER:STEPS` (the
 the last trained one by ODE: `sampler.tail_solver=SOLVER sampler.tail_steps=STEPS`; `SOLVER`
 alone: as many steps as it replaces), with `+compile` for the rollout's policy calls through
 torch.compile (`compile_rollout=true`; its compilation is paid in the warm-up rounds).
+
+`precisions` runs every setting in each of these `trainer.precision` values (32-true, bf16-mixed:
+the transformer under bfloat16 autocast, as Lightning's plugin runs training_step), rollout and
+gradient phase alike; each row reports the on-policy step's clip_frac and ratio_mean, and its
+reward paired with the reference row's. `limit=true` adds what the machine could do (see
+`jagg_lab.bench.limit`): FLOPs per phase, the matmul peak of each precision on the model's
+largest linear shapes and a large square, and each phase's achieved share of its precision's peak.
 """
 from __future__ import annotations
 
@@ -36,12 +44,25 @@ from omegaconf import OmegaConf
 
 from jagg_lab import cli
 from jagg_lab.bench.arms import _configs as experiment_configs
-from jagg_lab.bench.common import check_device, check_minimum, command_line, gradient_phase, machine, sync, training_setting, write_json
+from jagg_lab.bench.common import (
+    check_device,
+    check_minimum,
+    check_precisions,
+    command_line,
+    gradient_phase,
+    machine,
+    precision_context,
+    sync,
+    training_setting,
+    write_json,
+)
+from jagg_lab.bench.limit import count_flops, linear_shapes, matmul_peaks
 from jagg_lab.bench.report import markdown_table
+from jagg_lab.policies.base import guided_velocity_fn
 from jagg_lab.rewards.base import check_scores
 from jagg_lab.sampling.rollout import ODE_SOLVERS
 
-__all__ = ["StepArgs", "RolloutSetting", "parse_rollout", "bench_step", "main"]
+__all__ = ["StepArgs", "RolloutSetting", "parse_rollout", "bench_step", "table", "limit_table", "main"]
 
 PROG = "python -m jagg_lab.bench step"
 
@@ -77,7 +98,9 @@ class StepArgs:
     out: str | None = None  # a new JSON file for the report (None: print only)
     experiments: list[str] = field(default_factory=lambda: ["full", "subsample_w6"])  # +experiment=... (only the strategy may differ)
     rollouts: list[str] = field(default_factory=lambda: ["sde", "euler:1"])  # rollout settings (module docstring)
-    reference: str | None = None  # "EXPERIMENT/ROLLOUT" the ratios are of (None: the first of each)
+    precisions: list[str] = field(default_factory=lambda: ["32-true"])  # trainer.precision values, each setting in each
+    reference: str | None = None  # "EXPERIMENT/ROLLOUT[/PRECISION]" the ratios are of (None: the first of each)
+    limit: bool = False  # also count FLOPs per phase and measure the matmul peak of each precision
     overrides: list[str] = field(default_factory=list)  # training-config overrides for every experiment
     rounds: int = 5  # timed rounds, one prompt batch each
     warmup: int = 1  # untimed rounds before them (compilation happens here)
@@ -89,10 +112,13 @@ class StepArgs:
             raise ValueError(f"rollouts: a non-empty list without repeats, got {self.rollouts}")
         for spec in self.rollouts:
             parse_rollout(spec)
+        check_precisions("precisions", self.precisions)
         if self.reference is not None:
-            experiment, _, rollout = self.reference.partition("/")
-            if experiment not in self.experiments or rollout not in self.rollouts:
-                raise ValueError(f"reference: {self.reference!r} is not EXPERIMENT/ROLLOUT of {self.experiments} x {self.rollouts}")
+            experiment, _, rest = self.reference.partition("/")
+            rollout, _, precision = rest.partition("/")
+            if experiment not in self.experiments or rollout not in self.rollouts or (precision and precision not in self.precisions):
+                raise ValueError(f"reference: {self.reference!r} is not EXPERIMENT/ROLLOUT[/PRECISION] of {self.experiments} x "
+                                 f"{self.rollouts} x {self.precisions}")
         check_minimum(self, {"rounds": 1, "warmup": 0})
         check_device(self.device)
         if self.out is not None and Path(self.out).exists():
@@ -136,115 +162,198 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     ref_calls = len(module.trained_steps) if module.ref_policy is not None else 0
     compiled = {on: (module.compile_rollout(on), module.compiled_forward)[1] for on in {s.compile for s, _ in samplers.values()}}
 
-    times = {(e, r): {"rollout": [], "reward": [], "gradient": []} for e in strategies for r in samplers}
+    # a row per experiment x rollout setting x precision; a rollout per rollout setting x precision
+    settings = [(spec, precision) for precision in args.precisions for spec in samplers]
+    times = {(e, r, p): {"rollout": [], "reward": [], "gradient": []} for e in strategies for r, p in settings}
     work = {key: {} for key in times}
-    rewards = {r: [] for r in samplers}
-    strict = {r: [] for r in samplers}
+    rewards = {key: [] for key in settings}
+    strict = {key: [] for key in settings}
     calls = {}
     stream = iter(data.train_dataloader())
     load_start, start = os.getloadavg(), time.perf_counter()
-    names, specs = list(strategies), list(samplers)
+    names = list(strategies)
+
+    def rollout_of(spec: str, prompts: list[str], index: int):
+        setting, sampler = samplers[spec]
+        module.sampler, module.ode_phases = sampler, sampler.ode_phases(module.trained_steps)
+        module.compiled_forward = compiled[setting.compile]
+        module.rollouts_done = index  # the training step's noise and advantage seeds for rollout `index`
+        module.policy.eval()
+        return module.make_rollout(prompts, module.rollout_generator())
+
     for i in range(args.warmup + args.rounds):
         batch = next(stream)
         prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
         metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
         group_ids = torch.arange(len(batch["prompts"]), device=args.device).repeat_interleave(data.group_size)
         timed = i >= args.warmup
-        rotate = i % len(specs)
-        for spec in specs[rotate:] + specs[:rotate]:
-            setting, sampler = samplers[spec]
-            module.sampler, module.ode_phases = sampler, sampler.ode_phases(module.trained_steps)
-            module.compiled_forward = compiled[setting.compile]
-            module.rollouts_done = i  # the training step's noise and advantage seeds for rollout i
-            module.policy.eval()
-            sync(args.device)
-            t0 = time.perf_counter()
-            rollout = module.make_rollout(prompts, module.rollout_generator())
-            sync(args.device)
-            t1 = time.perf_counter()
-            components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
-            scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(args.device)
-            t2 = time.perf_counter()
-            advantages = module.advantages(scores, group_ids)
-            calls[spec] = rollout.forwards
-            if timed:
-                rewards[spec] += scores.tolist()
-                if "strict" in components:
-                    strict[spec] += components["strict"].float().tolist()
-            for name in names[rotate % len(names):] + names[:rotate % len(names)]:
-                seconds, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device,
-                                                micro_batches=micro_batches)
+        rotate = i % len(settings)
+        for spec, precision in settings[rotate:] + settings[:rotate]:
+            with precision_context(precision, args.device):
+                sync(args.device)
+                t0 = time.perf_counter()
+                rollout = rollout_of(spec, prompts, i)
+                sync(args.device)
+                t1 = time.perf_counter()
+                components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
+                scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(args.device)
+                t2 = time.perf_counter()
+                advantages = module.advantages(scores, group_ids)
+                calls[spec] = rollout.forwards
                 if timed:
-                    entry = times[name, spec]
-                    entry["rollout"].append(t1 - t0)
-                    entry["reward"].append(t2 - t1)
-                    entry["gradient"].append(seconds)
-                    for key in ("backward_items", "grad_forwards", "nograd_forwards"):
-                        work[name, spec].setdefault(key, []).append(stats.get(key, 0))
-            module.policy.zero_grad(set_to_none=True)
-            del rollout
+                    rewards[spec, precision] += scores.tolist()
+                    if "strict" in components:
+                        strict[spec, precision] += components["strict"].float().tolist()
+                for name in names[rotate % len(names):] + names[:rotate % len(names)]:
+                    seconds, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device,
+                                                    micro_batches=micro_batches)
+                    if timed:
+                        entry = times[name, spec, precision]
+                        entry["rollout"].append(t1 - t0)
+                        entry["reward"].append(t2 - t1)
+                        entry["gradient"].append(seconds)
+                        for key in ("backward_items", "grad_forwards", "nograd_forwards", "clip_frac", "ratio_mean"):
+                            work[name, spec, precision].setdefault(key, []).append(stats.get(key, 0))
+                module.policy.zero_grad(set_to_none=True)
+                del rollout
         progress(f"round {i + 1}/{args.warmup + args.rounds} ({'warm-up' if not timed else 'timed'}), "
                  f"{time.perf_counter() - start:.0f} s")
+    wall = time.perf_counter() - start
+    limit = _limit(args, module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of) if args.limit else None
 
-    reference = args.reference or f"{args.experiments[0]}/{args.rollouts[0]}"
-    ref_rollout = reference.partition("/")[2]
+    experiment, _, rest = (args.reference or f"{args.experiments[0]}/{args.rollouts[0]}").partition("/")
+    ref_rollout, _, ref_precision = rest.partition("/")
+    ref_setting = (ref_rollout, ref_precision or args.precisions[0])
+    # named as given; with several precisions, always with the one it is in
+    reference = f"{experiment}/{ref_rollout}" + (f"/{ref_setting[1]}" if len(args.precisions) > 1 or ref_precision else "")
     samples = len(prompts)
     rows = []
-    for (name, spec), entry in times.items():
+    for (name, spec, precision), entry in times.items():
         medians = {k: statistics.median(v) / (per_rollout if k == "gradient" else 1) for k, v in entry.items()}
         step = medians["rollout"] / per_rollout + medians["reward"] / per_rollout + medians["gradient"]
-        reward_gain, reward_se = _paired(rewards[spec], rewards[ref_rollout])
+        counted = work[name, spec, precision]
+        reward_gain, reward_se = _paired(rewards[spec, precision], rewards[ref_setting])
         row = {
-            "experiment": name, "rollout": spec,
+            "experiment": name, "rollout": spec, "precision": precision,
             "tail": None if samplers[spec][0].tail_solver is None else [samplers[spec][0].tail_solver, samplers[spec][0].tail_steps],
             "compile": samplers[spec][0].compile,
             "rollout_calls": calls[spec], "rollout_rows": calls[spec] * samples * guidance_rows, "reference_calls": ref_calls,
             "rollout_s": medians["rollout"] / per_rollout, "reward_s": medians["reward"] / per_rollout,
             "gradient_s": medians["gradient"], "step_s": step,
-            "backward_items": statistics.fmean(work[name, spec]["backward_items"]) / per_rollout,
-            "gradient_forwards": statistics.fmean(a + b for a, b in zip(work[name, spec]["grad_forwards"],
-                                                                       work[name, spec]["nograd_forwards"])) / per_rollout,
-            "reward_mean": statistics.fmean(rewards[spec]), "reward_vs_reference": reward_gain, "reward_vs_reference_se": reward_se,
+            "backward_items": statistics.fmean(counted["backward_items"]) / per_rollout,
+            "gradient_forwards": statistics.fmean(a + b for a, b in zip(counted["grad_forwards"], counted["nograd_forwards"])) / per_rollout,
+            "clip_frac": max(counted["clip_frac"]), "ratio_mean": statistics.fmean(counted["ratio_mean"]),
+            "reward_mean": statistics.fmean(rewards[spec, precision]), "reward_vs_reference": reward_gain, "reward_vs_reference_se": reward_se,
             "rounds_s": {k: v for k, v in entry.items()},
         }
-        if strict[spec]:
-            row["strict_mean"] = statistics.fmean(strict[spec])
-            row["strict_vs_reference"], row["strict_vs_reference_se"] = _paired(strict[spec], strict[ref_rollout])
+        if strict[spec, precision]:
+            row["strict_mean"] = statistics.fmean(strict[spec, precision])
+            row["strict_vs_reference"], row["strict_vs_reference_se"] = _paired(strict[spec, precision], strict[ref_setting])
         row["rollout_share"] = row["rollout_s"] / step
+        if limit is not None:
+            row.update(_achieved(row, limit, name, spec, per_rollout))
         rows.append(row)
-    ref = next(r for r in rows if f"{r['experiment']}/{r['rollout']}" == reference)
+    ref = next(r for r in rows if (r["experiment"], r["rollout"], r["precision"]) == (experiment, *ref_setting))
     for row in rows:
         row["step_speedup"] = ref["step_s"] / row["step_s"]
         row["gradient_speedup"] = ref["gradient_s"] / row["gradient_s"]
         row["rollout_speedup"] = ref["rollout_s"] / row["rollout_s"]
+    notes = [f"seconds are medians over {args.rounds} timed rounds after {args.warmup} warm-up round(s), per optimizer "
+             "step (a rollout's and its reward's divided by grpo.optimizer_steps_per_rollout); every rollout setting "
+             "samples each round's prompt batch with the same noise in every precision, every experiment's gradient "
+             "phase runs on each, the order rotated each round",
+             "step = rollout + reward + gradient phase; the optimizer step, the same for every row, is left out, so "
+             "the weights stay the base's",
+             "rollout_calls: policy calls of one rollout (each with both CFG branches: rollout_rows counts rows); "
+             "reference_calls: the KL reference's calls (0 without KL)",
+             "reward_vs_reference: mean per-sample reward difference against the reference row's rollout setting and "
+             "precision on the same prompts and noise, with its standard error",
+             "clip_frac: the largest share of clipped ratios over the timed rounds of the on-policy step; ratio_mean: "
+             "their mean ratio (1 on-policy whatever the precision: see GRPOLoss)"]
+    if limit is not None:
+        notes.append("gflop: torch.utils.flop_counter's count of one phase (matrix products, convolutions, attention; "
+                     "elementwise work counts nothing), per optimizer step; *_peak_share: the phase's GFLOP/s over the "
+                     "best matmul GFLOP/s measured in its precision (limit.peaks)")
     return {
         "command": command_line(args, PROG), "args": asdict(args), "reference": reference,
         "setting": {group: OmegaConf.to_container(first[group], resolve=True) for group in ("policy", "sampler", "grpo", "data")},
         "samples_per_rollout": samples, "micro_batches": micro_batches, "optimizer_steps_per_rollout": per_rollout,
         "machine": {**machine(args.device), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
-        "wall_s": time.perf_counter() - start,
-        "notes": [f"seconds are medians over {args.rounds} timed rounds after {args.warmup} warm-up round(s), per optimizer "
-                  "step (a rollout's and its reward's divided by grpo.optimizer_steps_per_rollout); every rollout setting "
-                  "samples each round's prompt batch with the same noise, every experiment's gradient phase runs on each",
-                  "step = rollout + reward + gradient phase; the optimizer step, the same for every row, is left out, so "
-                  "the weights stay the base's",
-                  "rollout_calls: policy calls of one rollout (each with both CFG branches: rollout_rows counts rows); "
-                  "reference_calls: the KL reference's calls (0 without KL)",
-                  "reward_vs_reference: mean per-sample reward difference against the reference rollout setting on the "
-                  "same prompts and noise, with its standard error"],
+        "wall_s": wall, "notes": notes, **({"limit": limit} if limit is not None else {}),
         "rows": rows,
     }
 
 
-COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("rollout_calls", "rollout calls", "{}"),
+def _limit(args: StepArgs, module, strategies: dict, samplers: dict, prompts: list[str], metadata: list[dict],
+           group_ids: torch.Tensor, micro_batches: int, rollout_of: Callable) -> dict:
+    """FLOPs of each phase on the last round's prompts (float32: a precision changes no count) and
+    the matmul peaks of each precision, measured after the timed rounds."""
+    flops: dict = {"rollout": {}, "reward": {}, "gradient": {}}
+    for spec in samplers:
+        box = {}
+        flops["rollout"][spec] = count_flops(lambda: box.setdefault("rollout", rollout_of(spec, prompts, 0)))
+        rollout = box["rollout"]
+        flops["reward"][spec] = count_flops(lambda: box.setdefault("scores", module.reward.components(
+            module.policy.decode(rollout.final), prompts, metadata)))
+        scores = check_scores(box["scores"]["reward"], len(prompts), module.reward.name).float().to(args.device)
+        advantages = module.advantages(scores, group_ids)
+        for name, strategy in strategies.items():
+            flops["gradient"][name, spec] = count_flops(
+                lambda: gradient_phase(module, strategy, rollout, advantages, args.device, micro_batches=micro_batches))
+            module.policy.zero_grad(set_to_none=True)
+    # the shapes of one rollout call, its rows as the rollout batches them
+    x = torch.zeros(len(prompts), *module.policy.sample_shape, device=args.device)
+    with torch.inference_mode():
+        cond = module.policy.encode_prompts(prompts)
+        null_cond = module.policy.encode_prompts([""])
+        velocity = guided_velocity_fn(module.policy, cond, null_cond, module.sampler.guidance)
+        shapes = linear_shapes(module.policy, lambda: velocity(x, torch.full((len(prompts),), 0.5, device=args.device)))
+    return {"flops": {phase: {"/".join(k) if isinstance(k, tuple) else k: v for k, v in per.items()} for phase, per in flops.items()},
+            "model_shapes": [str(s) for s in shapes], "peaks": matmul_peaks(shapes, args.precisions, args.device)}
+
+
+def _achieved(row: dict, limit: dict, name: str, spec: str, per_rollout: int) -> dict:
+    """A row's GFLOP per phase (per optimizer step) and each phase's share of its precision's peak."""
+    peak = limit["peaks"][row["precision"]]["peak"]
+    gflop = {"rollout": limit["flops"]["rollout"][spec] / per_rollout / 1e9,
+             "reward": limit["flops"]["reward"][spec] / per_rollout / 1e9,
+             "gradient": limit["flops"]["gradient"][f"{name}/{spec}"] / per_rollout / 1e9}
+    out = {f"{phase}_gflop": value for phase, value in gflop.items()}
+    for phase in ("rollout", "gradient"):
+        out[f"{phase}_gflops_per_s"] = gflop[phase] / row[f"{phase}_s"]
+        out[f"{phase}_peak_share"] = out[f"{phase}_gflops_per_s"] / peak
+    out["step_gflop"] = sum(gflop.values())
+    out["step_peak_share"] = out["step_gflop"] / row["step_s"] / peak
+    return out
+
+
+COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("precision", "precision", "{}"),
+           ("rollout_calls", "rollout calls", "{}"),
            ("rollout_s", "rollout s", "{:.2f}"), ("reward_s", "reward s", "{:.3f}"), ("backward_items", "backward items", "{:g}"),
            ("gradient_s", "gradient s", "{:.2f}"), ("step_s", "step s", "{:.2f}"), ("rollout_share", "rollout share", "{:.2f}"),
-           ("step_speedup", "step x reference", "{:.2f}"), ("reward_mean", "reward", "{:.3f}"),
+           ("step_speedup", "step x reference", "{:.2f}"), ("clip_frac", "clip frac", "{:.3f}"), ("reward_mean", "reward", "{:.3f}"),
            ("reward_vs_reference", "reward vs reference", "{:+.3f}"), ("reward_vs_reference_se", "+-", "{:.3f}")]
+
+LIMIT_COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("precision", "precision", "{}"),
+                 ("rollout_gflop", "rollout GFLOP", "{:.1f}"), ("rollout_gflops_per_s", "rollout GFLOP/s", "{:.0f}"),
+                 ("rollout_peak_share", "rollout share of peak", "{:.2f}"), ("gradient_gflop", "gradient GFLOP", "{:.1f}"),
+                 ("gradient_gflops_per_s", "gradient GFLOP/s", "{:.0f}"), ("gradient_peak_share", "gradient share of peak", "{:.2f}"),
+                 ("step_peak_share", "step share of peak", "{:.2f}")]
 
 
 def table(report: dict) -> str:
     return markdown_table(report["rows"], COLUMNS)
+
+
+def limit_table(report: dict) -> str:
+    """The phases against the machine: FLOPs, achieved GFLOP/s and share of the precision's peak,
+    then the matmul rates measured per precision (GFLOP/s)."""
+    peaks = report["limit"]["peaks"]
+    shapes = list(next(iter(peaks.values()))["gflops"])
+    lines = ["| matmul (rows x in x out) | " + " | ".join(f"{p} GFLOP/s" for p in peaks) + " |",
+             "|---|" + "---|" * len(peaks)]
+    lines += [f"| {shape} | " + " | ".join(f"{peaks[p]['gflops'][shape]:.0f}" for p in peaks) + " |" for shape in shapes]
+    return markdown_table(report["rows"], LIMIT_COLUMNS) + "\n\n" + "\n".join(lines)
 
 
 def _main(args: StepArgs) -> int:
@@ -258,6 +367,8 @@ def _main(args: StepArgs) -> int:
         write_json(report, args.out)
     sys.stdout.write(f"reference: {report['reference']}; {args.rounds} timed rounds in {report['wall_s']:.0f} s\n")
     sys.stdout.write(table(report) + "\n")
+    if "limit" in report:
+        sys.stdout.write("\n" + limit_table(report) + "\n")
     return 0
 
 

@@ -39,7 +39,7 @@ def test_each_experiment_runs_its_own_strategy_on_the_shared_rollouts(tmp_path):
     (["rounds=0"], "rounds"),
     (["experiments=[jagg_w4,sweep_resolution]"], "policy.checkpoint"),
     (["overrides=[grpo.micro_batch_size=7]"], "micro_batch_size"),
-    (["overrides=[trainer.precision=bf16-mixed]"], "trainer.precision"),
+    (["overrides=[trainer.precision=bf16-true]"], "trainer.precision"),
 ])
 def test_bad_input_is_refused_before_any_model_is_built(argv, key, capsys, monkeypatch):
     monkeypatch.setattr(common, "GRPOModule", lambda *a, **k: pytest.fail("a model was built"))

@@ -65,3 +65,34 @@ def test_existing_output_is_not_overwritten(tmp_path, capsys):
     out.write_text("{}")
     assert main(["step", f"out={out}"]) == 2
     assert "out" in capsys.readouterr().err and out.read_text() == "{}"
+
+
+def test_precisions_run_side_by_side_and_limit_counts_flops_against_each_peak(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    code = main(["step", f"out={out}", "experiments=[full,subsample_w6]", "rollouts=[sde]", "precisions=[32-true,bf16-mixed]",
+                 "limit=true", "rounds=1", "warmup=0", f"overrides=[{','.join([*TINY[:4], 'grpo.train_fraction=1.0'])}]"])
+    assert code == 0
+    report = json.loads(out.read_text())
+    rows = {(r["experiment"], r["precision"]): r for r in report["rows"]}
+    assert set(rows) == {(e, p) for e in ("full", "subsample_w6") for p in ("32-true", "bf16-mixed")}
+    assert report["reference"] == "full/sde/32-true"
+    for row in rows.values():
+        assert row["clip_frac"] == 0 and row["ratio_mean"] == 1  # on-policy: no clipping in either precision
+        assert row["gradient_peak_share"] == pytest.approx(
+            row["gradient_gflop"] / row["gradient_s"] / report["limit"]["peaks"][row["precision"]]["peak"])
+    # a precision changes no FLOP count; a gradient phase's FLOPs follow its backward items
+    assert rows["full", "32-true"]["gradient_gflop"] == rows["full", "bf16-mixed"]["gradient_gflop"] > 0
+    full, sub = rows["full", "32-true"], rows["subsample_w6", "32-true"]
+    assert sub["backward_items"] < full["backward_items"]
+    assert full["gradient_gflop"] / sub["gradient_gflop"] == pytest.approx(full["backward_items"] / sub["backward_items"])
+    # one rollout call's DiT projections, as the rollout batches them: 4 samples x 2 CFG rows x 73 tokens
+    # (64 image patches, 8 prompt tokens and a summary token), beside the large square
+    peaks = report["limit"]["peaks"]
+    assert set(peaks) == {"32-true", "bf16-mixed"}
+    assert sorted(peaks["bf16-mixed"]["gflops"]) == ["4096x4096x4096", "584x128x128", "584x128x384", "584x128x512", "584x512x128"]
+    assert "share of peak" in capsys.readouterr().out
+
+
+def test_a_bad_precision_is_refused(capsys):
+    assert main(["step", "precisions=[bf16-true]"]) == 2
+    assert "precisions" in capsys.readouterr().err
