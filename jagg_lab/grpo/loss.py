@@ -53,7 +53,7 @@ class GRPOLoss:
         next_x: torch.Tensor,
         s: float,
         s_next: float,
-        old_log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor | None,
         advantages: torch.Tensor,
         *,
         noise_level: float,
@@ -61,11 +61,16 @@ class GRPOLoss:
         reduction: str = "mean",
         ref_mean: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, StepStats]:
-        """Loss of step k averaged over the B samples. v, x, next_x, ref_mean: (B, *X); others (B,)."""
+        """Loss of step k averaged over the B samples. v, x, next_x, ref_mean: (B, *X); others (B,).
+
+        old_log_prob None: the step is on-policy, and the behaviour log-prob is this forward's
+        own, detached: the ratio is exactly 1 and its gradient that of the log-prob, whatever
+        rounding separates the rollout's forward from this one (bfloat16 autocast, another
+        batch composition). A clip range of 1e-4 would otherwise clip on rounding alone."""
         std_k, std = sde_std(s, s_next, noise_level, s_first_below_one)
         mean = sde_mean(x, v, s, s_next, std_k)
         log_prob = gaussian_log_prob(next_x, mean, std, reduction)
-        log_ratio = log_prob - old_log_prob
+        log_ratio = log_prob - (log_prob.detach() if old_log_prob is None else old_log_prob)
         ratio = log_ratio.exp()
         unclipped = -advantages * ratio
         clipped = -advantages * ratio.clamp(1 - self.clip_range, 1 + self.clip_range)

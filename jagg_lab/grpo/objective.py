@@ -61,11 +61,15 @@ class GRPOObjective:
         advantages: torch.Tensor,
         scale: float = 1.0,
         record: dict[int, StepStats] | None = None,
+        on_policy: bool = False,
     ) -> StepLossFn:
         """L_j(v) for trained step j of micro-batch `idx` (advantages: the whole batch's, (B,)),
         times `scale`. `record` receives each step's unscaled statistics, first value kept: a
-        strategy's diagnostics re-evaluate steps it has already evaluated."""
-        x, nxt, old = rollout.states[idx], rollout.next_states[idx], rollout.log_probs[idx]
+        strategy's diagnostics re-evaluate steps it has already evaluated. on_policy: the
+        parameters are those that sampled the rollout, so the ratio is 1 by definition and is
+        taken against the loss's own forward (see GRPOLoss), not the rollout's log-probs."""
+        x, nxt = rollout.states[idx], rollout.next_states[idx]
+        old = None if on_policy else rollout.log_probs[idx]
         ref = rollout.ref_means[idx] if rollout.ref_means is not None else None
         adv = advantages[idx]
         levels = rollout.noise_levels.tolist()
@@ -73,7 +77,7 @@ class GRPOObjective:
         def loss(j: int, v: torch.Tensor) -> torch.Tensor:
             k = self.trained_steps[j]
             value, stats = self.loss(
-                v, x[:, k], nxt[:, k], levels[k], levels[k + 1], old[:, k], adv,
+                v, x[:, k], nxt[:, k], levels[k], levels[k + 1], None if old is None else old[:, k], adv,
                 noise_level=rollout.noise_level, s_first_below_one=rollout.s_first_below_one,
                 reduction=rollout.log_prob_reduction, ref_mean=None if ref is None else ref[:, k],
             )
@@ -105,7 +109,7 @@ class GRPOObjective:
             self.velocity_fn(policy, rollout, idx),
             [rollout.states[idx, k] for k in steps],
             [levels[k] for k in steps],
-            self.step_loss_fn(rollout, idx, advantages, scale / len(steps), record),
+            self.step_loss_fn(rollout, idx, advantages, scale / len(steps), record, on_policy=on_policy),
             velocities=[rollout.velocities[idx, k] for k in steps],
             on_policy=on_policy,
             params=params,

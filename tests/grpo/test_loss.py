@@ -81,3 +81,24 @@ def test_kl_term_is_flow_grpos_closed_form_on_the_sd35m_grid(k):
     torch.testing.assert_close(exact * -dt, closed)
     assert 1 / -dt > 3.5  # control: the exact-KL scale (the loss's before) misses the closed form by 3.7x or more
     torch.testing.assert_close(kl_penalty(mean_of(v), mean_of(ref_v), std_k), closed)
+
+
+def test_an_on_policy_ratio_is_taken_against_its_own_forward_so_rounding_cannot_clip():
+    x, v, step = _setup(2)
+    adv = torch.randn(6)
+    # the rollout's forward rounded differently from the gradient phase's (another precision or batch)
+    stale = sde_step(x, v + 1e-2, 0.7, 0.6, noise_level=0.7, s_first_below_one=0.9, sample=step.sample).log_prob
+    loss_fn = GRPOLoss(clip_range=1e-4)
+    v_leaf = v.clone().requires_grad_(True)
+    loss, stats = loss_fn(v_leaf, x, step.sample, 0.7, 0.6, None, adv, noise_level=0.7, s_first_below_one=0.9)
+    assert stats.ratio_mean == 1 and stats.clip_frac == 0 and stats.approx_kl == 0
+    (g,) = torch.autograd.grad(loss, v_leaf)
+    # the gradient at ratio 1: -mean(A * grad log pi), as against the exact old log-prob
+    v_ref = v.clone().requires_grad_(True)
+    exact, _ = loss_fn(v_ref, x, step.sample, 0.7, 0.6, step.log_prob, adv, noise_level=0.7, s_first_below_one=0.9)
+    (g_ref,) = torch.autograd.grad(exact, v_ref)
+    torch.testing.assert_close(g, g_ref)
+    # against the stale log-prob the same step would clip on rounding alone
+    _, stale_stats = loss_fn(v.clone().requires_grad_(True), x, step.sample, 0.7, 0.6, stale, adv, noise_level=0.7,
+                             s_first_below_one=0.9)
+    assert stale_stats.clip_frac > 0
