@@ -10,7 +10,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from jagg_lab.rundir import ConfigError
 
-__all__ = ["check_missing", "check_run_settings", "check_optimizer"]
+__all__ = ["check_missing", "check_run_settings", "check_optimizer", "TRAINER_PRECISIONS"]
+
+# Lightning precisions that keep float32 weights: *-true half precisions would cast the weights,
+# the optimizer state and the SDE math with them. 16-mixed is for GPUs (Lightning runs bf16 on CPU).
+TRAINER_PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed")
 
 # Words of torch.optim's errors -> the config key they are about.
 _OPTIMIZER_WORDS = {"learning rate": "lr", "epsilon": "eps", "beta": "betas", "weight_decay": "weight_decay",
@@ -53,6 +57,10 @@ def check_run_settings(cfg: DictConfig, resume_state: dict | None) -> None:
     sanity = trainer.get("num_sanity_val_steps", 0)
     if not _is_int(sanity) or sanity < -1:
         raise ConfigError(f"trainer.num_sanity_val_steps must be >= -1, got {sanity!r}")
+    precision = str(trainer.get("precision", "32-true"))
+    if precision not in TRAINER_PRECISIONS:
+        raise ConfigError(f"trainer.precision must be one of {', '.join(TRAINER_PRECISIONS)}, got {precision!r}: the "
+                          "SDE math, log-probs and optimizer state stay float32 (bf16-mixed autocasts the transformer)")
     every = trainer.get("log_every_n_steps", 1)
     if not _is_int(every) or every < 1:
         raise ConfigError(f"trainer.log_every_n_steps must be >= 1, got {every!r}")

@@ -90,7 +90,10 @@ class DiTPolicy(nn.Module):
 
     def encode_prompts(self, prompts: list[str]) -> Cond:
         device = next(self.parameters()).device
-        return self.text_encoder(self.tokenizer.encode_batch(prompts).to(device))
+        # The frozen encoder runs once per rollout: float32 under autocast too, so the
+        # conditioning is the same whatever precision the DiT computes in.
+        with torch.autocast(device.type, enabled=False):
+            return self.text_encoder(self.tokenizer.encode_batch(prompts).to(device))
 
     def forward(self, x: torch.Tensor, s: torch.Tensor, cond: Cond) -> torch.Tensor:
         return self.dit(x, s, cond)
