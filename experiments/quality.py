@@ -6,7 +6,7 @@ full gradient and the equal-budget subsample baseline?
     python experiments/quality.py scale=paper device=cuda 'overrides=[trainer.accelerator=gpu]' out=DIR   # on a GPU
     python experiments/quality.py 'experiments=[full,jagg_w4]' 'seeds=[0]' steps=5 n_eval=32 out=DIR   # any field
 
-For each experiment (jagg_lab/conf/experiment/<name>.yaml), one `python -m jagg_lab.train --multirun`
+For each experiment (conf/experiment/<name>.yaml), one `python -m jagg_lab.train --multirun`
 trains every seed for `steps` optimizer steps (OUT/runs/<experiment>/seed<s>/; the non-full
 strategies with `strategy.diagnose_every`, so metrics.csv logs `grad_cosine`). Then each
 trained policy and the base are evaluated in this process (OUT/runs/.../eval.json,

@@ -1,6 +1,6 @@
 """Flow-matching pretraining of the base policy on the shapes world.
 
-    python -m jagg_lab.pretrain [key=value ...]        (config: jagg_lab/conf/pretrain.yaml)
+    python -m jagg_lab.pretrain [key=value ...]        (config: conf/pretrain.yaml)
 
 Rectified flow with logit-normal noise levels (SD3), caption dropout for classifier-free
 guidance, EMA weights, periodic held-out verifier accuracy, resumable through Lightning
@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 
+from jagg_lab import CONF_DIR
 from jagg_lab.evaluation import eval_prompts, sample_images, score_images
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, run_logger
 from jagg_lab.worlds.shapes import ShapesDataset
@@ -99,7 +100,7 @@ def lr_factor(step: int, warmup_steps: int, decay_steps: int, max_steps: int) ->
     return min(warm, max(0.0, (max_steps - step) / decay_steps))
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="pretrain")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="pretrain")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:  # a resumed run goes on in a new directory: the old one keeps its metrics and checkpoints

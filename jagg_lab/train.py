@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from jagg_lab import CONF_DIR
 from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, quiet_third_party
 from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings
@@ -136,7 +137,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     return module, data, trainer
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     owner = is_launch_process()

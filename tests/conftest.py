@@ -7,6 +7,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from jagg_lab import CONF_DIR
 from jagg_lab.grpo import GRPOConfig, group_advantages
 from jagg_lab.module import GRPOModule
 from jagg_lab.policies import DiTPolicy, fill_zero_init_
@@ -14,8 +15,6 @@ from jagg_lab.rewards import JpegCompressibility
 from jagg_lab.sampling import SDESampler
 from jagg_lab.strategies import FullStrategy
 from jagg_lab.strategies.core import flat_grad as core_flat_grad
-
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jagg_lab", "conf")
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

@@ -1,5 +1,6 @@
-"""The package as a wheel: it carries the configs and the shipped policy, and trains from an
-install outside the checkout."""
+"""The configs in conf/ at the top of the checkout, found by both installs: the editable one (this
+checkout) and a wheel, which carries them as jagg_lab/conf with the shipped policy and trains from
+an install outside the checkout."""
 import csv
 import os
 import shutil
@@ -17,6 +18,17 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
     return proc
 
 
+def test_the_editable_install_reads_the_checkouts_conf_from_anywhere(tmp_path):
+    assert not (REPO / "jagg_lab" / "conf").exists()  # one copy of the configs: conf/
+    found = run([sys.executable, "-c", "import jagg_lab; print(jagg_lab.__file__); print(jagg_lab.CONF_DIR)"], cwd=tmp_path)
+    package, conf_dir = found.stdout.split()
+    assert Path(package) == REPO / "jagg_lab" / "__init__.py" and Path(conf_dir) == REPO / "conf"
+    # Hydra composes the training config from there: a group option and an experiment.
+    job = run([sys.executable, "-m", "jagg_lab.train", "--cfg", "job", "policy=dit_xs", "+experiment=jagg_w4"], cwd=tmp_path)
+    assert "size: XS" in job.stdout and "JaggStrategy" in job.stdout
+    assert not any(tmp_path.iterdir())
+
+
 def test_wheel_ships_the_configs_and_trains_outside_the_checkout(tmp_path):
     # Built from a copy, so the build leaves nothing (build/, egg-info) in the checkout.
     src = tmp_path / "src"
@@ -25,7 +37,7 @@ def test_wheel_ships_the_configs_and_trains_outside_the_checkout(tmp_path):
     run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-w", str(tmp_path / "dist")])
     (wheel,) = (tmp_path / "dist").glob("jagg_lab-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
-    configs = {p.relative_to(REPO).as_posix() for p in (REPO / "jagg_lab" / "conf").rglob("*.yaml")}
+    configs = {f"jagg_lab/{p.relative_to(REPO).as_posix()}" for p in (REPO / "conf").rglob("*.yaml")}
     assert "jagg_lab/conf/hydra/launcher/slurm.yaml" in configs and configs <= shipped
     assert "jagg_lab/assets/shapes_dit_s.safetensors" in shipped
 

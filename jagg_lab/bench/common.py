@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from safetensors import safe_open
 from torch import nn
 
+from jagg_lab import CONF_DIR
 from jagg_lab.grpo import GRPOConfig, rollout_advantages
 from jagg_lab.module import GRPOModule
 from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTConfig, DiTPolicy, fill_zero_init_
@@ -43,9 +44,6 @@ __all__ = [
     "MEMORY_METHODS", "Memory", "is_out_of_memory", "free_memory", "limit_memory", "measure_memory",
     "check_device", "check_minimum", "check_resolution", "check_sampling", "command_line", "write_json",
 ]
-
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 # ---- the module and its rollout ---------------------------------------------------------

@@ -13,7 +13,7 @@ from tests.test_train_cli import REPO
 
 @pytest.fixture(scope="module")
 def shipped():
-    return instantiate(OmegaConf.load(REPO / "jagg_lab" / "conf" / "policy" / "dit_s.yaml"))
+    return instantiate(OmegaConf.load(REPO / "conf" / "policy" / "dit_s.yaml"))
 
 
 def test_the_shipped_base_has_a_stored_verdict_set_and_fresh_scores_match_it(shipped):
