@@ -1,16 +1,21 @@
-"""Checks of the training config that no constructor of ours makes: missing values, the
-top-level and trainer keys, and the optimizer (torch's, built once on a dummy parameter).
-Each raises ConfigError naming the key, before any model is built or file written."""
+"""Checks of the training config that no constructor of ours makes: missing values, each
+value's type against its constructor's annotation, the top-level and trainer keys, and the
+optimizer (torch's, built once on a dummy parameter). Each raises ConfigError naming the key,
+before any model is built or file written."""
 from __future__ import annotations
 
-from typing import Callable
+import collections.abc
+import types
+import typing
+from typing import Any, Callable
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from hydra.utils import get_object
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from jagg_lab.rundir import ConfigError
 
-__all__ = ["check_missing", "check_run_settings", "check_optimizer", "TRAINER_PRECISIONS"]
+__all__ = ["check_missing", "check_types", "check_run_settings", "check_optimizer", "TRAINER_PRECISIONS"]
 
 # Lightning precisions that keep float32 weights: *-true half precisions would cast the weights,
 # the optimizer state and the SDE math with them. 16-mixed is for GPUs (Lightning runs bf16 on CPU).
@@ -25,6 +30,75 @@ def check_missing(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing value for {', '.join(missing)} (set {missing[0]}=...)")
+
+
+def _constructor_hints(target: str) -> dict[str, Any]:
+    """{argument: annotation} of what `_target_` names ({} where they cannot be read: Hydra then
+    reports the target itself)."""
+    try:
+        built = get_object(target)
+        return typing.get_type_hints(built.__init__ if isinstance(built, type) else built)
+    except Exception:  # an unknown target, or annotations that do not resolve at run time
+        return {}
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """False only where `value` plainly is not of the annotated type: the scalars (int, float,
+    bool, str, None), Literal, unions and sequences or mappings of them. Any other annotation
+    (a class, a callable) is the constructor's to check."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        # A YAML scalar is judged by the union's scalar members: `lr: float | Tensor` refuses 'abc'.
+        scalars = [arg for arg in args if arg in _SCALARS or typing.get_origin(arg) is typing.Literal]
+        if scalars and isinstance(value, _SCALARS):
+            args = scalars
+        return any(_fits(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
+        if not isinstance(value, (ListConfig, list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(args) == len(value) and all(_fits(v, a) for v, a in zip(value, args))
+        return not args or all(_fits(v, args[0]) for v in value)
+    if hint is dict or origin in (dict, collections.abc.Mapping):
+        return isinstance(value, (DictConfig, dict))
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def check_types(node: DictConfig, key: str) -> None:
+    """Every value of the config group `key` (and of the configs nested in it) against the type
+    its `_target_`'s constructor annotates: `sampler.num_steps=abc` is refused as
+    "sampler.num_steps must be int, got 'abc'", not by whatever the constructor does with it."""
+    if not isinstance(node, DictConfig):
+        return
+    hints = _constructor_hints(str(node["_target_"])) if "_target_" in node else {}
+    for name in node:
+        name = str(name)
+        if name.startswith("_") or OmegaConf.is_missing(node, name):  # _target_, ...; "???" is check_missing's
+            continue
+        value = node[name]
+        if isinstance(value, DictConfig) and "_target_" in value:
+            check_types(value, f"{key}.{name}")
+        elif name in hints and not _fits(value, hints[name]):
+            raise ConfigError(f"{key}.{name} must be {_type_name(hints[name])}, got {value!r}")
 
 
 def _is_int(value) -> bool:

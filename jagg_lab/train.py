@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from jagg_lab import CONF_DIR
 from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, quiet_third_party
 from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint
-from jagg_lab.checks import check_missing, check_optimizer, check_run_settings
+from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
 from jagg_lab.module import GRPOModule
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, remove_run_outputs, run_logger
 from jagg_lab.sharding import read_sharded_checkpoint
@@ -69,6 +69,7 @@ def check_world_size(cfg: DictConfig, samples_per_step: int) -> None:
 
 
 def _instantiate(cfg: DictConfig, key: str, **kwargs):
+    check_types(cfg[key], key)
     try:
         return instantiate(cfg[key], **kwargs)
     except InstantiationException as err:
@@ -85,6 +86,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     resume_state = (None if cfg.resume is None else read_sharded_checkpoint(cfg.resume) if Path(cfg.resume).is_dir()
                     else read_checkpoint(cfg.resume))  # a directory: sharded (trainer=fsdp)
     check_run_settings(cfg, resume_state)
+    check_types(cfg.trainer, "trainer")  # built last, once the run directory is made
     sampler = _instantiate(cfg, "sampler")
     grpo = _instantiate(cfg, "grpo")
     strategy = _instantiate(cfg, "strategy")
@@ -108,6 +110,10 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     reward = _instantiate(cfg, "reward")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     policy = _instantiate(cfg, "policy")
+    try:
+        sampler.noise_levels(policy)  # the grid (sampler.schedule, sampler.shift) fits the policy
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     if data.file_prompts is not None and hasattr(policy, "validate_prompts"):
         try:
             policy.validate_prompts(data.file_prompts)
@@ -150,7 +156,6 @@ def main(cfg: DictConfig) -> None:
             remove_run_outputs(run_dir, keep=earlier)  # Hydra made the directory before the config was checked
         if not isinstance(err, (ConfigError, FileNotFoundError)):
             raise
-        log.error("invalid configuration: %s", err)
         sys.exit(f"jagg_lab.train: invalid configuration: {err}")
     if owner:
         handler = logging.FileHandler(run_dir / "train.log")

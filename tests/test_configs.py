@@ -1,10 +1,12 @@
 """Every config group instantiates, and bad values fail before any work, naming the key."""
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from hydra.utils import instantiate
 
+from jagg_lab.checks import check_types
 from jagg_lab.train import ConfigError, build
 from tests.conftest import CONF_DIR
 
@@ -36,6 +38,16 @@ def test_every_config_group_option_instantiates(hydra_cfg, group, option):
         return
     obj = instantiate(cfg[group])
     assert obj is not None
+
+
+@pytest.mark.parametrize("experiment", [None, *EXPERIMENTS])
+def test_every_shipped_value_has_its_annotated_type(hydra_cfg, experiment):
+    """The type check refuses no shipped config: every option of every group, every experiment."""
+    loggers = [("logger", p.stem) for p in sorted(Path(CONF_DIR, "logger").glob("*.yaml"))]
+    for group, option in [(None, None), *OPTIONS, *loggers] if experiment is None else [(None, None)]:
+        cfg = hydra_cfg([*([f"{group}={option}"] if group else []), *([f"+experiment={experiment}"] if experiment else [])])
+        for key in [*GROUPS, "logger", "heldout", "progress"]:
+            check_types(cfg[key], key)
 
 
 def test_gpu_experiment_composes_with_its_settings(hydra_cfg):
@@ -77,14 +89,23 @@ BAD = [
     ("grpo.train_fraction=1.0 sampler.tail_solver=euler", "tail_solver"),  # no tail to replace
     ("sampler.head_solver=euler", "head_solver"),  # the first step is trained
     ("+experiment=jagg_causal_w4 strategy.knot_spacing=2", "knot_spacing"),
+    # A value of the wrong type, named with its key and the annotated type (any group's, any key's).
+    ("sampler.num_steps=abc", "sampler.num_steps must be int, got 'abc'"),
+    ("data.group_size=4.5", "data.group_size must be int"),
+    ("grpo.clip_range=x", "grpo.clip_range must be float"),
+    ("optimizer.lr=abc", "optimizer.lr must be float"),
+    ("heldout.metric=3", "heldout.metric must be str"),
+    ("+experiment=jagg_w4 strategy.window=[4]", "strategy.window must be int"),
+    ("trainer.devices=1.5", "trainer.devices must be"),
+    ("sampler.schedule=pipeline", "sampler.schedule=pipeline"),  # a grid the policy does not have
 ]
 
 
-@pytest.mark.parametrize("overrides,key", BAD, ids=[b[1] for b in BAD])
+@pytest.mark.parametrize("overrides,key", BAD, ids=[b[0] for b in BAD])
 def test_bad_values_fail_before_any_work_naming_the_key(hydra_cfg, tmp_path, overrides, key):
     cfg = hydra_cfg(overrides.split() + ["policy=dit_xs"])
     run_dir = tmp_path / "run"
-    with pytest.raises((ConfigError, FileNotFoundError), match=key):
+    with pytest.raises((ConfigError, FileNotFoundError), match=re.escape(key)):
         build(cfg, run_dir)
     assert not run_dir.exists()  # nothing half-written
 

@@ -60,6 +60,20 @@ def test_bad_config_exits_nonzero_naming_the_key(tmp_path):
     assert proc.returncode != 0 and "no_such_key" in proc.stderr
 
 
+def test_a_bad_value_is_one_line_on_stderr_naming_its_key_and_its_type(tmp_path):
+    proc = train("sampler.num_steps=abc", f"hydra.run.dir={tmp_path / 'r'}", *TINY[:-1], check=False)
+    assert proc.returncode == 1 and "num_steps" not in proc.stdout  # printed once, on stderr
+    assert [line for line in proc.stderr.splitlines() if "invalid configuration" in line] == [
+        "jagg_lab.train: invalid configuration: sampler.num_steps must be int, got 'abc'"]
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_schedule_the_policy_lacks_leaves_no_run_directory(tmp_path):
+    proc = train("sampler.schedule=pipeline", f"hydra.run.dir={tmp_path / 'r'}", *TINY, check=False)
+    assert proc.returncode == 1 and "sampler.schedule=pipeline, but this policy" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
 def test_several_optimizer_steps_per_rollout_with_kl_and_ema(tmp_path):
     """The second optimizer step on a rollout is off-policy: cached JAGG falls back to
     recompute (counted), and the policy has moved away from the KL reference."""
