@@ -65,7 +65,7 @@ class HeldoutEval(Callback):
     metric: what best.ckpt and the early stop follow: dense_score or strict_accuracy.
     stop_margin: stop once the metric is this far below its best (null = never).
     restore_best: end the run with the best held-out policy instead of the last.
-    final_n_samples: held-out samples of the end-of-run verdict (null = none beyond the periodic ones).
+    final_n_samples: held-out samples of the end-of-run verdict (0 or null = none beyond the periodic ones).
     final_seed: the verdict's prompts and noise (a set apart from `seed`'s).
     run_dir: where heldout.csv and checkpoints/best.ckpt go."""
 
@@ -76,7 +76,7 @@ class HeldoutEval(Callback):
         checks = {"n_samples": n_samples >= 0, "every": every >= 0, "seed": seed >= 0, "num_steps": num_steps >= 1, "guidance": guidance >= 1,
                   "shift": shift > 0, "batch_size": batch_size >= 1, "metric": metric in METRICS,
                   "stop_margin": stop_margin is None or stop_margin > 0,
-                  "final_n_samples": final_n_samples is None or final_n_samples >= 1, "final_seed": final_seed >= 0}
+                  "final_n_samples": final_n_samples is None or final_n_samples >= 0, "final_seed": final_seed >= 0}
         bad = [key for key, ok in checks.items() if not ok]
         if bad:
             values = dict(n_samples=n_samples, every=every, seed=seed, num_steps=num_steps, guidance=guidance, shift=shift,
@@ -84,7 +84,7 @@ class HeldoutEval(Callback):
                           final_n_samples=final_n_samples, final_seed=final_seed)
             raise ValueError(", ".join(f"heldout.{key} = {values[key]!r} is invalid" for key in bad)
                              + " (n_samples, every, seed >= 0; num_steps, batch_size >= 1; guidance >= 1; shift > 0; "
-                             f"metric one of {METRICS}; stop_margin > 0 or null; final_n_samples >= 1 or null; final_seed >= 0)")
+                             f"metric one of {METRICS}; stop_margin > 0 or null; final_seed >= 0)")
         self.n_samples, self.every, self.seed, self.metric, self.stop_margin = n_samples, every, seed, metric, stop_margin
         self.num_steps, self.guidance, self.shift, self.batch_size = num_steps, guidance, shift, batch_size
         self.final_n_samples, self.final_seed, self.restore_best = final_n_samples, final_seed, restore_best

@@ -46,3 +46,12 @@ def test_a_stored_evaluation_is_not_used_for_other_weights_or_settings(shipped, 
     finally:
         with torch.no_grad():
             param[(0,) * param.dim()] -= 1e-3
+
+
+def test_zero_samples_mean_off_for_the_periodic_evaluation_and_the_verdict_alike():
+    heldout = HeldoutEval(n_samples=0, final_n_samples=0)
+    assert not heldout.enabled
+    heldout._prepare_verdict(trainer=None, policy=None)  # no verdict set: returns before anything is scored
+    assert heldout.final_base is None
+    with pytest.raises(ValueError, match=r"heldout.final_n_samples = -1 is invalid"):
+        HeldoutEval(final_n_samples=-1)
