@@ -7,6 +7,8 @@ import warnings
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.fabric.loggers.logger import rank_zero_experiment
 
 __all__ = ["ConfigError", "check_fresh_run_dir", "unfinished_run", "run_logger", "RUN_OUTPUTS", "remove_run_outputs"]
 
@@ -46,11 +48,36 @@ def check_fresh_run_dir(run_dir: Path) -> None:
                           + (f" that {state}" if state else "") + "; choose another hydra.run.dir")
 
 
+# metrics.csv's first columns, in this order; the others follow alphabetically (readers go by name).
+HEADLINE_COLUMNS = ("step", "reward_mean", "reward_std", "loss", "grad_norm", "clip_frac", "approx_kl", "kl", "lr",
+                    "time_rollout_s", "time_reward_s", "time_gradient_s", "backward_passes", "rollout_forwards")
+
+
+class _MetricsWriter(ExperimentWriter):
+    """Lightning's CSV writer, with the headline columns first instead of every column alphabetical."""
+
+    def _record_new_keys(self) -> set[str]:
+        new_keys = super()._record_new_keys()  # sorted by name; the stable sort below keeps that for the rest
+        self.metrics_keys.sort(key=lambda k: HEADLINE_COLUMNS.index(k) if k in HEADLINE_COLUMNS else len(HEADLINE_COLUMNS))
+        return new_keys
+
+
+class _RunCSVLogger(CSVLogger):
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _MetricsWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _MetricsWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
 def run_logger(run_dir: Path, flush_logs_every_n_steps: int) -> CSVLogger:
-    """A CSV logger writing RUN_DIR/metrics.csv. The caller has checked that RUN_DIR holds no earlier
-    run, so Lightning's warning that the (Hydra-made) directory "will be deleted" is false and muted."""
+    """A CSV logger writing RUN_DIR/metrics.csv, step and the headline columns first. The caller has
+    checked that RUN_DIR holds no earlier run, so Lightning's warning that the (Hydra-made)
+    directory "will be deleted" is false and muted."""
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-    return CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=flush_logs_every_n_steps)
+    return _RunCSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=flush_logs_every_n_steps)
 
 
 # Everything a training run writes into its directory.

@@ -28,9 +28,14 @@ def read_rows(path):
 
 def test_two_step_run_writes_metrics_samples_and_checkpoints(tmp_path):
     run = tmp_path / "run"
-    train("+experiment=full", "trainer.max_steps=2", "sample_every=1", f"hydra.run.dir={run}", *TINY)
+    proc = train("+experiment=full", "trainer.max_steps=2", "sample_every=1", f"hydra.run.dir={run}", *TINY)
     rows = read_rows(run / "metrics.csv")
     assert len(rows) == 2 and COLUMNS <= set(rows[0])
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert header[:5] == ["step", "reward_mean", "reward_std", "loss", "grad_norm"]  # then the rest, by name
+    assert "weights_only" not in proc.stdout + proc.stderr  # Lightning's note at each checkpoint write
+    # The exported policy is readable as every other file is (safetensors' own writes are 0600).
+    assert len({(run / name).stat().st_mode & 0o777 for name in ("policy.safetensors", "config.yaml", "metrics.csv")}) == 1
     assert [int(r["step"]) for r in rows] == [1, 2]
     assert all(float(r["backward_passes"]) == 3 * 2 for r in rows)  # ceil(0.6 * 4) trained steps x 2 micro-batches
     assert (run / "checkpoints" / "last.ckpt").is_file()

@@ -206,7 +206,8 @@ class HeldoutEval(Callback):
 
     def _save_best(self, trainer: L.Trainer) -> None:
         self.best_file = self.best_path  # before saving: the checkpoint records where its best is
-        trainer.save_checkpoint(self.best_path)
+        # The whole state, as last.ckpt; said rather than left to Lightning, which logs that it chose.
+        trainer.save_checkpoint(self.best_path, weights_only=False)
 
     def _restore(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Every rank loads best.ckpt's weights into the module (before it exports its policy)."""

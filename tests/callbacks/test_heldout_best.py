@@ -45,8 +45,9 @@ def run(tmp_path, scores, max_steps=10, ckpt_path=None, **heldout_kwargs):
     return heldout, trainer, seen, module.policy.weight.detach()
 
 
-def test_best_checkpoint_follows_the_metric_and_the_run_stops_below_the_margin(tmp_path):
+def test_best_checkpoint_follows_the_metric_and_the_run_stops_below_the_margin(tmp_path, caplog):
     heldout, trainer, seen, final = run(tmp_path, [0.5, 0.6, 0.55, 0.45])
+    assert "weights_only" not in caplog.text  # saying what best.ckpt holds: no "was not set, defaulting" line
     assert trainer.global_step == 3 and len(seen) == 4  # 0.45 < 0.6 - 0.1: stopped after the third step
     assert heldout.best == (0.6, 1)
     best = torch.load(tmp_path / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
