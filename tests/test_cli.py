@@ -78,3 +78,25 @@ def test_entry_points_answer_help_and_refuse_unknown_keys(entry):
     assert shown.returncode == 0 and shown.stdout.startswith("usage: ") and "out:" in shown.stdout, shown.stderr[-2000:]
     refused = run("bogus_key=1")
     assert refused.returncode == 2 and "bogus_key" in refused.stderr
+
+
+def test_bench_help_says_what_each_command_measures(capsys):
+    from jagg_lab.bench.__main__ import COMMANDS, main
+
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    for name in COMMANDS:  # one line each: the name, then what it measures
+        (line,) = [line for line in shown.splitlines() if line.split()[:1] == [name]]
+        assert len(line.split()) > 4
+
+
+def test_train_help_describes_the_run_its_commands_and_where_keys_are_documented(tmp_path):
+    shown = subprocess.run([sys.executable, "-m", "jagg_lab.train", "--help"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m jagg_lab.train"), shown.stderr[-2000:]
+    for text in ("GRPO fine-tuning", "common commands:", "+experiment=jagg_w4", "resume=", "--multirun",
+                 "docs/training.md", "conf/train.yaml", "strategy: full, jagg"):
+        assert text in shown.stdout
+    for doc in ("docs/training.md", "docs/strategies.md", "conf/train.yaml"):  # what it points to exists
+        assert (REPO / doc).is_file()
+    assert not any(tmp_path.iterdir())

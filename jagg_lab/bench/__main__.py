@@ -17,9 +17,24 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+# command -> what it measures, one line of --help
+SUMMARIES: dict[str, str] = {
+    "strategies": "the gradient phase of many strategies on one rollout: time, speedup over full, memory, "
+                  "cosine to full's gradient",
+    "speed": "whole GRPO steps per model size x resolution x strategy (the speed table): seconds and ratios to full",
+    "bias": "a strategy's gradient estimate against full's over many rollouts: its bias and the variance it adds",
+    "arms": "each training experiment's gradient phase on the training stream's batches, timed side by side",
+    "step": "where a whole step's time goes (rollout, reward, gradient phase) per experiment, rollout setting "
+            "and precision",
+}
+
+
 def usage() -> str:
-    return (f"usage: python -m jagg_lab.bench {{{'|'.join(COMMANDS)}}} [key=value ...]\n"
-            "       python -m jagg_lab.bench COMMAND --help   (the command's keys)\n")
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: python -m jagg_lab.bench {{{'|'.join(COMMANDS)}}} [key=value ...]",
+             "       python -m jagg_lab.bench COMMAND --help   (the command's keys)", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {SUMMARIES[name]}" for name in COMMANDS]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
