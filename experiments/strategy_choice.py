@@ -121,6 +121,8 @@ def choose(args: Args) -> None:
             std = ref[f"{metric}_gain_std"]
             arm[f"{metric}_vs_reference_in_std"] = (arm[f"{metric}_gain_mean"] - ref[f"{metric}_gain_mean"]) / std if std > 0 else float("nan")
 
+    paired = _paired_arms(files, args.reference)
+
     curve: dict[tuple[str, int], dict] = {}  # (arm, steps) -> {seed: scored point}; a point found twice counts once
     for result in gain_files:
         for row in result["checkpoints"]:
@@ -149,6 +151,11 @@ def choose(args: Args) -> None:
               f"| {_num(a['gradient_s_per_step'], '.2f')} | {_num(a['time_vs_reference'], '.2f')} "
               f"| {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} | {a['strict_vs_reference_in_std']:+.1f} "
               f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} | {a['dense_vs_reference_in_std']:+.1f} |" for a in arms]
+    lines += ["", f"Paired per-sample test against {args.reference} on the verdict set: each arm's per-sample scores "
+              f"averaged over its seeds minus {args.reference}'s, mean +- standard error over the samples (z = mean / se)",
+              "", f"| arm | strict vs {args.reference} | z | dense vs {args.reference} | z |", "|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} | {_z(r, 'strict')} "
+              f"| {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} | {_z(r, 'dense')} |" for r in paired]
     lines += ["", f"Curves (scored checkpoints and final policies, n = {', '.join(str(n) for n in sorted(n_curve))}): "
               "gain against optimizer steps, cumulative backward items and cumulative gradient-phase seconds", "",
               "| arm | steps | backward items | gradient s | seeds | strict gain | dense gain |", "|---|---|---|---|---|---|---|"]
@@ -172,9 +179,31 @@ def choose(args: Args) -> None:
     out.mkdir(parents=True, exist_ok=False)  # everything is read and checked: now write, the JSON last
     _plot_curves(curve_rows, out / "gain_vs_cost.png")
     (out / "choice.md").write_text("\n".join(lines) + "\n")
-    (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "curve": curve_rows,
+    (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "paired": paired, "curve": curve_rows,
                                                  "equal_time": equal_time}, indent=2) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _seed_mean(paths: list[str]) -> dict:
+    """An arm's evaluations as one: per-sample scores averaged over its seeds (same samples)."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    per_sample = {key: [statistics.fmean(scores) for scores in zip(*(r["per_sample"][key] for r in results), strict=True)]
+                  for key in ("strict", "dense")}
+    return {"args": results[0].get("args", {}), "strict_accuracy": statistics.fmean(per_sample["strict"]),
+            "dense_score": statistics.fmean(per_sample["dense"]), "per_sample": per_sample}
+
+
+def _paired_arms(files: dict[str, list[str]], reference: str) -> list[dict]:
+    """Each arm against the reference sample by sample (both averaged over their seeds): the
+    paired test that the seed-std distance alone cannot give."""
+    ref = _seed_mean(files[reference])
+    return [{"arm": name, **{k: v for k, v in paired_gain(_seed_mean(paths), ref).items() if k != "per_category"}}
+            for name, paths in files.items() if name != reference]
+
+
+def _z(row: dict, metric: str) -> str:
+    se = row[f"{metric}_gain_se"]
+    return f"{row[f'{metric}_gain'] / se:+.1f}" if se > 0 else "-"
 
 
 def _plot_curves(curve_rows: list[dict], path: Path) -> None:

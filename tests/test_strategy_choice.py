@@ -45,6 +45,10 @@ def test_strategy_choice_tabulates_seed_spread_and_equal_item_curves(tmp_path):
     assert arms["cheap"]["strict_gain_std"] == pytest.approx(statistics.stdev([1 / 6, 1 / 6]))
     (row,) = json.loads((out / "choice.json").read_text())["curve"]
     assert (row["items"], row["dense_gain_mean"]) == (40.0, pytest.approx(0.15))
+    # the paired test: cheap's per-sample scores averaged over its 2 seeds (0.575) minus full's over its 3 (0.7)
+    (paired,) = json.loads((out / "choice.json").read_text())["paired"]
+    assert paired["arm"] == "cheap" and paired["dense_gain"] == pytest.approx(-0.125) and paired["strict_gain"] == 0
+    assert "Paired per-sample test against full" in (out / "choice.md").read_text()
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode != 0 and "exists" in again.stderr  # never overwritten
 
@@ -127,3 +131,22 @@ def test_timing_matches_a_config_that_lacks_a_key_only_where_the_timing_left_it_
     timed(tail_solver="euler")
     with pytest.raises(ValueError, match=r"sampler settings .*\['tail_solver'\]"):
         module._timing(str(report), files, "full")
+
+
+def test_the_paired_test_averages_each_arm_over_its_seeds_sample_by_sample(tmp_path):
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(evaluation([0] * 6, [0.5] * 6, "shipped")))
+    full = [[0.6, 0.6, 0.6, 0.6, 0.6, 0.6], [0.8, 0.8, 0.8, 0.8, 0.8, 0.8]]
+    other = [[0.7, 0.6, 0.9, 0.7, 0.6, 0.9]]
+    for arm, seeds in (("full", full), ("other", other)):
+        for seed, dense in enumerate(seeds):
+            (tmp_path / f"{arm}_seed{seed}.json").write_text(json.dumps(evaluation([0] * 6, dense, arm)))
+    out = tmp_path / "choice"
+    proc = subprocess.run([sys.executable, "experiments/strategy_choice.py", f"base={base}",
+                           f"finals=[full={tmp_path}/full_seed*.json,other={tmp_path}/other_seed*.json]", f"out={out}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (paired,) = json.loads((out / "choice.json").read_text())["paired"]
+    diffs = [d - 0.7 for d in other[0]]  # full's seeds average 0.7 on every sample
+    assert paired["dense_gain"] == pytest.approx(statistics.fmean(diffs))
+    assert paired["dense_gain_se"] == pytest.approx(statistics.stdev(diffs) / 6 ** 0.5)
