@@ -179,11 +179,11 @@ def sync(device: str) -> None:
 
 
 def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Rollout, advantages: torch.Tensor,
-                   device: str, micro_batches: int = 1) -> tuple[float, dict]:
+                   device: str, micro_batches: int = 1, steps: list | None = None) -> tuple[float, dict]:
     """What a training step runs after its rollout, on-policy, from zeroed gradients (left in
     .grad): the whole batch in `micro_batches` micro-batches (1: one). Returns (seconds, the
-    strategy's stats combined over micro-batches: counts summed, the rest averaged, with the
-    loss's clip_frac and ratio_mean over the trained steps)."""
+    strategy's stats combined over micro-batches: counts summed, the rest averaged); `steps`,
+    if given, receives the loss statistics (StepStats) of every trained step of every micro-batch."""
     module.policy.train()
     module.policy.zero_grad(set_to_none=True)
     total = rollout.final.shape[0]
@@ -196,9 +196,9 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
                                                on_policy=True, params=params))
     sync(device)
     seconds = time.perf_counter() - start
-    return seconds, combine_stats([{**stats, "clip_frac": torch.stack([s.clip_frac for s in steps]).mean().item(),
-                                    "ratio_mean": torch.stack([s.ratio_mean for s in steps]).mean().item()}
-                                   for stats, steps in parts])
+    if steps is not None:
+        steps += [step for _, per_step in parts for step in per_step]
+    return seconds, combine_stats([stats for stats, _ in parts])
 
 
 # ---- memory: what a phase needs, and what happens when it does not fit ----------------------

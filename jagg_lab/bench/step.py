@@ -205,8 +205,11 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
                     if "strict" in components:
                         strict[spec, precision] += components["strict"].float().tolist()
                 for name in names[rotate % len(names):] + names[:rotate % len(names)]:
+                    losses = []
                     seconds, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device,
-                                                    micro_batches=micro_batches)
+                                                    micro_batches=micro_batches, steps=losses)
+                    stats["clip_frac"] = torch.stack([s.clip_frac for s in losses]).mean().item()
+                    stats["ratio_mean"] = torch.stack([s.ratio_mean for s in losses]).mean().item()
                     if timed:
                         entry = times[name, spec, precision]
                         entry["rollout"].append(t1 - t0)
