@@ -88,14 +88,16 @@ def _header(titles: list[str]) -> list[str]:
 def whole_step_ratios() -> dict[str, tuple[float, str]]:
     """{experiment: (its whole step's seconds / full's, the file)} from every `bench step` report
     that timed `full` beside other experiments with the SDE rollout on the default task (the
-    shipped shapes DiT); empty where no such report is committed."""
+    shipped shapes DiT), in float32 as the table's runs trained; empty where no such report is
+    committed."""
     ratios = {}
     for path in sorted((ROOT / STEP_DIR).glob("*.json")):
         report = json.loads(path.read_text())
         policy = report.get("setting", {}).get("policy", {})
         if policy.get("checkpoint") != "shipped":
             continue  # another model (e.g. a smoke run of SD3.5-Medium's shape)
-        sde = {r["experiment"]: r["step_s"] for r in report["rows"] if r["rollout"] == "sde"}
+        sde = {r["experiment"]: r["step_s"] for r in report["rows"]
+               if r["rollout"] == "sde" and r.get("precision", "32-true") == "32-true"}
         if "full" in sde:
             for name, seconds in sde.items():
                 ratios.setdefault(name, (seconds / sde["full"], path.relative_to(ROOT).as_posix()))
