@@ -60,12 +60,15 @@ def test_check_command_exits_0_on_the_repository_and_names_an_unknown_table(tmp_
 
 
 def test_a_step_report_timing_full_fills_the_whole_step_column(tmp_path, monkeypatch):
-    """No committed `bench step` report times `full` beside the other arms on the default task
-    (the column reads n/m); one that does is picked up, and a smoke run of another model is not."""
-    assert rt.whole_step_ratios() == {}
+    """A `bench step` report that times `full` beside the other arms on the default task fills the
+    column from its float32 rows (the committed one does); a smoke run of another model and the
+    rows of another precision do not."""
+    committed = rt.whole_step_ratios()
+    assert committed["full"] == (1.0, f"{rt.STEP_DIR}/default_precisions.json") and 0 < committed["subsample_w6"][0] < 1
     step = tmp_path / rt.STEP_DIR
     step.mkdir(parents=True)
     rows = [{"experiment": e, "rollout": "sde", "step_s": s} for e, s in (("full", 10.0), ("subsample_w6", 7.5))]
+    rows += [{"experiment": e, "rollout": "sde", "precision": "bf16-mixed", "step_s": 1.0} for e in ("full", "subsample_w6")]
     (step / "default.json").write_text(json.dumps({"setting": {"policy": {"checkpoint": "shipped"}}, "rows": rows}))
     (step / "smoke.json").write_text(json.dumps({"setting": {"policy": {"checkpoint": None}},
                                                  "rows": [{**r, "step_s": 1.0} for r in rows]}))
