@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
@@ -21,13 +21,14 @@ __all__ = ["count_flops", "LinearShape", "linear_shapes", "matmul_rate", "matmul
 
 SQUARE = 4096  # the large square product every report measures beside the model's shapes
 DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
+T = TypeVar("T")
 
 
-def count_flops(fn: Callable[[], object]) -> int:
-    """The FLOPs torch counts while fn() runs (forward and backward alike)."""
+def count_flops(fn: Callable[[], T]) -> tuple[int, T]:
+    """The FLOPs torch counts while fn() runs (forward and backward alike), and what fn returned."""
     with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
+        result = fn()
+    return counter.get_total_flops(), result
 
 
 @dataclass(frozen=True)

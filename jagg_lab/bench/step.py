@@ -293,15 +293,13 @@ def _limit(args: StepArgs, module, strategies: dict, samplers: dict, prompts: li
     the matmul peaks of each precision, measured after the timed rounds."""
     flops: dict = {"rollout": {}, "reward": {}, "gradient": {}}
     for spec in samplers:
-        box = {}
-        flops["rollout"][spec] = count_flops(lambda: box.setdefault("rollout", rollout_of(spec, prompts, 0)))
-        rollout = box["rollout"]
-        flops["reward"][spec] = count_flops(lambda: box.setdefault("scores", module.reward.components(
-            module.policy.decode(rollout.final), prompts, metadata)))
-        scores = check_scores(box["scores"]["reward"], len(prompts), module.reward.name).float().to(args.device)
+        flops["rollout"][spec], rollout = count_flops(lambda: rollout_of(spec, prompts, 0))
+        flops["reward"][spec], components = count_flops(
+            lambda: module.reward.components(module.policy.decode(rollout.final), prompts, metadata))
+        scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(args.device)
         advantages = module.advantages(scores, group_ids)
         for name, strategy in strategies.items():
-            flops["gradient"][name, spec] = count_flops(
+            flops["gradient"][name, spec], _ = count_flops(
                 lambda: gradient_phase(module, strategy, rollout, advantages, args.device, micro_batches=micro_batches))
             module.policy.zero_grad(set_to_none=True)
     # the shapes of one rollout call, its rows as the rollout batches them
