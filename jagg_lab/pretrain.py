@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader
 from jagg_lab import CONF_DIR
 from jagg_lab.evaluation import eval_prompts, sample_images, score_images
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, run_logger
-from jagg_lab.sharding import as_new_file
 from jagg_lab.worlds.shapes import ShapesDataset
 
 log = logging.getLogger(__name__)
@@ -123,7 +122,6 @@ def main(cfg: DictConfig) -> None:
     export = copy.deepcopy(module.ema.module)
     out = Path(cfg.export) if cfg.export else run_dir / "policy.safetensors"
     export.save(out)
-    as_new_file(out)
     log.info("exported EMA policy to %s", out)
 
 

@@ -48,7 +48,7 @@ from torch.optim.swa_utils import AveragedModel
 from jagg_lab.strategies.core import flat_grad
 
 __all__ = ["FSDPStrategy", "shard_model", "is_sharded", "gather_for_passes", "reduce_scatter_gradients", "sum_gradients",
-           "export_weights", "as_new_file", "memory_mib", "read_sharded_checkpoint", "consolidate_checkpoint"]
+           "export_weights", "memory_mib", "read_sharded_checkpoint", "consolidate_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -270,15 +270,6 @@ def export_weights(model: nn.Module, path: Path) -> None:
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if _rank() == 0:
         model.save(path, state)
-        as_new_file(path)
-
-
-def as_new_file(path: Path) -> None:
-    """Give `path` the mode a newly created file gets (0666 less the umask: 0644 usually):
-    safetensors writes through a private temporary file, which leaves its files 0600."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 def memory_mib(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -112,6 +113,11 @@ class DiTPolicy(nn.Module):
         meta = {"config": json.dumps(self.config.to_dict()), "size": self.size}
         state = self.state_dict() if state is None else state
         save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata=meta)
+        # safetensors writes through a private temporary file, which leaves the file 0600: give it
+        # the mode a newly created file gets (0666 less the umask), as every other run output has.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(path, 0o666 & ~umask)
 
     def load(self, path: Path) -> None:
         if not path.is_file():
