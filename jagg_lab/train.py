@@ -135,7 +135,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     )
     # In this order: the summary's clock counts the base's held-out evaluation, the progress rate does not;
     # last.ckpt is written before the end-of-run held-out evaluation starts.
-    stop = SafeStop(checkpoints.dirpath, cfg.checkpoint_every_minutes, cfg.checkpoint_every or 0)
+    stop = SafeStop(checkpoints.dirpath, cfg.checkpoint_every_minutes, cfg.checkpoint_every)
     callbacks = [RunSummary(run_dir), stop, heldout, progress, SampleGrids(run_dir), checkpoints]
     logger = run_logger(run_dir, flush_logs_every_n_steps=1)
     trainer = instantiate(cfg.trainer, logger=[logger, *loggers], callbacks=callbacks, default_root_dir=str(run_dir),

@@ -59,10 +59,12 @@ def test_the_payload_works_when_unpickled_unrestricted(tmp_path):
     assert (tmp_path / "marker").exists()
 
 
-def test_resume_refuses_a_checkpoint_that_would_run_code(hydra_cfg, tmp_path):
+@pytest.mark.parametrize("key", ["resume", "policy.checkpoint"])
+def test_a_checkpoint_that_would_run_code_is_refused(hydra_cfg, tmp_path, key):
+    """resume=, and policy.checkpoint= (through DiTPolicy.load)."""
     evil = crafted_checkpoint(tmp_path / "evil.ckpt", tmp_path / "marker")
-    with pytest.raises(ConfigError, match=f"resume: {evil} {UNSAFE} \\(posix.system\\)"):
-        build(hydra_cfg(["policy=dit_xs", f"resume={evil}"]), tmp_path / "run")
+    with pytest.raises(ConfigError, match=f"{key}: {evil} {UNSAFE} \\(posix.system\\)"):
+        build(hydra_cfg(["policy=dit_xs", f"{key}={evil}"]), tmp_path / "run")
     assert not (tmp_path / "marker").exists() and not (tmp_path / "run").exists()
 
 
@@ -103,13 +105,6 @@ def test_evaluate_refuses_a_run_checkpoint_that_would_run_code(tmp_path, capsys,
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert str(evil) in line and UNSAFE in line
     assert not (tmp_path / "marker").exists()
-
-
-def test_a_policy_checkpoint_that_would_run_code_is_refused(hydra_cfg, tmp_path):
-    evil = crafted_checkpoint(tmp_path / "base.ckpt", tmp_path / "marker")
-    with pytest.raises(ConfigError, match=f"policy.checkpoint: {evil} {UNSAFE}"):
-        build(hydra_cfg(["policy=dit_xs", f"policy.checkpoint={evil}"]), tmp_path / "run")
-    assert not (tmp_path / "marker").exists() and not (tmp_path / "run").exists()
 
 
 def test_damaged_and_missing_files_are_named(tmp_path):

@@ -70,7 +70,7 @@ class SafeStop(Callback):
 
     def save(self, trainer: L.Trainer) -> None:
         """Write last.ckpt of the current step (every rank takes part)."""
-        trainer.save_checkpoint(self.path, False)  # the whole state (optimizer, loops, callbacks), not the weights alone
+        trainer.save_checkpoint(self.path, weights_only=False)  # the whole state (optimizer, loops, callbacks)
         self._last_save, self._saved_step = time.monotonic(), trainer.global_step
         log.info("step %d: wrote %s", trainer.global_step, self.path)
 
