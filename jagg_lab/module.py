@@ -26,6 +26,7 @@ from torchmetrics import MeanMetric
 
 from jagg_lab.checkpointing import rng_state, set_rng_state
 from jagg_lab.grpo import GRPOConfig, GRPOObjective, StepStats, rollout_advantages
+from jagg_lab.objectives import ForwardObjective, Samples, TrajectoryGRPO
 from jagg_lab.policies.base import guided_velocity_fn
 from jagg_lab.policies.reference import AdaptersOff, reference_policy
 from jagg_lab.rewards.base import Reward, check_scores
@@ -48,11 +49,15 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     max_bad_steps: a non-finite reward, loss or gradient skips the optimizer step (logged,
     counted in `skipped_steps`); this many in a row stop the run with an error.
     compile_rollout: the rollout's policy calls go through `torch.compile` (the gradient phase
-    stays eager); its first rollout pays the compilation."""
+    stays eager); its first rollout pays the compilation.
+    objective: TrajectoryGRPO (default: the GRPO loss of the sampled SDE steps, through `strategy`)
+    or a ForwardObjective (AWM, DiffusionNFT: ODE rollouts, the flow-matching loss at forward-noised
+    states of the final samples; `strategy` and the trajectory settings of `grpo` are not used)."""
 
     def __init__(self, policy: nn.Module, sampler: SDESampler, reward: Reward, strategy: GradientStrategy,
                  grpo: GRPOConfig, optimizer: Callable, group_size: int, seed: int = 0, sample_every: int = 10,
-                 run_dir: str | None = None, max_bad_steps: int = 3, compile_rollout: bool = False):
+                 run_dir: str | None = None, max_bad_steps: int = 3, compile_rollout: bool = False,
+                 objective: TrajectoryGRPO | ForwardObjective | None = None):
         super().__init__()
         if max_bad_steps < 1:
             raise ValueError(f"max_bad_steps must be >= 1, got {max_bad_steps}")
@@ -67,8 +72,12 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
         self.run_dir = Path(run_dir) if run_dir else None
         self.max_bad_steps = max_bad_steps
+        self.forward = objective if isinstance(objective, ForwardObjective) else None
         # The KL reference is the policy as it starts; nothing when KL is off.
-        self.ref_policy = reference_policy(policy) if grpo.beta else None
+        kl = self.forward.needs_reference if self.forward is not None else grpo.beta
+        self.ref_policy = reference_policy(policy) if kl else None
+        if self.forward is not None:
+            self.forward.attach(policy, self.trainable_parameters(), sampler.guidance, self.ref_policy)
         self.ema = (AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(grpo.ema_decay), use_buffers=True)
                     if grpo.ema_decay else None)
         self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
@@ -86,12 +95,18 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.compiled_forward = torch.compile(self.policy.forward) if on else None
 
     # ---- stages --------------------------------------------------------------------
-    def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout:
-        """SDE rollouts of this rank's rows; `generator` is shared by all ranks (see shard_noise)."""
+    def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout | Samples:
+        """SDE rollouts of this rank's rows (a forward-process objective: its ODE samples and
+        training states); `generator` is shared by all ranks (see shard_noise)."""
         with torch.inference_mode():
             cond = self.policy.encode_prompts(prompts)
             null_cond = self.policy.encode_prompts([""])
         noise = shard_noise((len(prompts), *self.policy.sample_shape), generator, self.shard, self.device)
+        if self.forward is not None:
+            samples = self.forward.rollout(self.policy, self.trainable_parameters(), cond, null_cond, noise,
+                                           self.sampler.noise_levels(self.policy).to(self.device), generator, self.shard)
+            return self.forward.prepare(self.policy, samples.for_training(),
+                                        off_policy=self.grpo.optimizer_steps_per_rollout > 1)
         guidance = self.sampler.guidance
         rollout = sde_rollout(
             guided_velocity_fn(self.compiled_forward or self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels(self.policy).to(self.device),
@@ -114,8 +129,12 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     def micro_batch_backward(self, rollout: Rollout, advantages: torch.Tensor, idx: torch.Tensor, scale: float,
                              on_policy: bool) -> dict:
         """The gradient phase of one micro-batch; its loss statistics go to `step_metrics`."""
-        stats, steps = self.objective.backward(self.strategy, self.policy, rollout, advantages, idx, scale=scale,
-                                               on_policy=on_policy, params=self.trainable_parameters())
+        if self.forward is not None:
+            stats, steps = self.forward.backward(self.policy, self.trainable_parameters(), rollout, advantages, idx,
+                                                 scale=scale, on_policy=on_policy)
+        else:
+            stats, steps = self.objective.backward(self.strategy, self.policy, rollout, advantages, idx, scale=scale,
+                                                   on_policy=on_policy, params=self.trainable_parameters())
         for step in steps:
             for name, metric in self.step_metrics.items():
                 metric.update(getattr(step, name))
@@ -183,6 +202,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                         int((~torch.isfinite(rewards)).sum()), self.global_step)
             rewards = torch.nan_to_num(rewards, nan=0.0, posinf=0.0, neginf=0.0)
         advantages = self.advantages(rewards, group_ids)
+        if self.forward is not None:  # its per-sample reward weights
+            advantages = self.forward.sample_weights(advantages, self.grpo.adv_clip_max)
         component_means = {k: self.gather_rows(v.float().to(self.device)).nanmean().item() for k, v in components.items() if k != "reward"}
         self.maybe_save_grid(images, rewards)
 
@@ -218,6 +239,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                     f"{self.bad_steps_in_a_row} optimizer steps in a row had a non-finite reward, loss or gradient "
                     f"(reward {self.reward.name!r}); stopping. The last good state is in checkpoints/."
                 )
+        if self.forward is not None:
+            self.forward.after_rollout(self.trainable_parameters(), self.global_step)
         self.rollouts_done += 1
 
     def maybe_save_grid(self, images: torch.Tensor, rewards: torch.Tensor) -> None:
@@ -239,9 +262,13 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint.update(rollouts_done=self.rollouts_done, skipped_steps=self.skipped_steps,
                           strategy=self.strategy.state_dict(), rng=rng_state())
+        if self.forward is not None:
+            checkpoint["objective"] = self.forward.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.rollouts_done = checkpoint["rollouts_done"]
         self.skipped_steps = checkpoint["skipped_steps"]
         self.strategy.load_state_dict(checkpoint["strategy"])
         set_rng_state(checkpoint["rng"])
+        if self.forward is not None:
+            self.forward.load_state_dict(checkpoint["objective"])

@@ -32,6 +32,7 @@ from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, q
 from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
 from jagg_lab.module import GRPOModule
+from jagg_lab.objectives import ForwardObjective, TrajectoryGRPO, trajectory_settings_used
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, remove_run_outputs, run_logger
 from jagg_lab.sharding import read_sharded_checkpoint
 
@@ -90,6 +91,13 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     sampler = _instantiate(cfg, "sampler")
     grpo = _instantiate(cfg, "grpo")
     strategy = _instantiate(cfg, "strategy")
+    objective = _instantiate(cfg, "objective") if cfg.get("objective") else TrajectoryGRPO()
+    if isinstance(objective, ForwardObjective):
+        problems = trajectory_settings_used(cfg, objective.name)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        log.info("objective=%s samples by ODE: sampler.noise_level and sampler.log_prob_reduction are not used",
+                 objective.name)
     data = _instantiate(cfg, "data")
     try:
         grpo.check_batch(data.samples_per_step)
@@ -126,7 +134,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     module = GRPOModule(
         policy=policy, sampler=sampler, reward=reward, strategy=strategy, grpo=grpo, optimizer=optimizer,
         group_size=data.group_size, seed=cfg.seed, sample_every=cfg.sample_every, run_dir=str(run_dir),
-        max_bad_steps=cfg.max_bad_steps,
+        max_bad_steps=cfg.max_bad_steps, objective=objective,
     )
     # The periodic step_*.ckpt; SafeStop alone writes last.ckpt (the latest step, whoever asks).
     checkpoints = ModelCheckpoint(

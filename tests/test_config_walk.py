@@ -9,7 +9,7 @@ from jagg_lab.train import ConfigError, build
 from tests.conftest import CONF_DIR
 from tests.test_configs import NEEDS_WEIGHTS
 
-GROUPS = ["policy", "sampler", "reward", "strategy", "data", "grpo", "optimizer", "trainer", "logger"]
+GROUPS = ["policy", "sampler", "reward", "strategy", "data", "grpo", "objective", "optimizer", "trainer", "logger"]
 # Options that cannot be built on this machine (GPU trainers) or are GPU-sized (sd3_random).
 SKIP = {("trainer", "ddp"), ("trainer", "fsdp"), ("policy", "sd3_random")} | NEEDS_WEIGHTS
 # Keys for which -1 is a legal value: another bad value instead.

@@ -10,7 +10,7 @@ from jagg_lab.checks import check_types
 from jagg_lab.train import ConfigError, build
 from tests.conftest import CONF_DIR
 
-GROUPS = ["policy", "sampler", "reward", "strategy", "data", "grpo", "optimizer", "trainer"]
+GROUPS = ["policy", "sampler", "reward", "strategy", "data", "grpo", "objective", "optimizer", "trainer"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted(Path(CONF_DIR, g).glob("*.yaml"))]
 EXPERIMENTS = sorted(p.stem for p in Path(CONF_DIR, "experiment").glob("*.yaml"))
 
@@ -98,6 +98,14 @@ BAD = [
     ("+experiment=jagg_w4 strategy.window=[4]", "strategy.window must be int"),
     ("trainer.devices=1.5", "trainer.devices must be"),
     ("sampler.schedule=pipeline", "sampler.schedule=pipeline"),  # a grid the policy does not have
+    # What a forward-process objective cannot use: named, with the objective.
+    ("objective=nft +experiment=jagg_w4", "strategy=JaggStrategy"),
+    ("objective=awm grpo.clip_range=0.2", "grpo.clip_range=0.2: objective=awm"),
+    ("objective=awm grpo.beta=0.04", "see objective.kl_weight"),
+    ("objective=nft grpo.train_fraction=1.0", "grpo.train_fraction=1.0: objective=nft"),
+    ("objective=nft sampler.tail_solver=euler", "sampler.tail_solver=euler: objective=nft"),
+    ("objective=awm objective.weighting=cubic", "objective.weighting"),
+    ("objective=nft objective.solver=rk4", "objective.solver"),
 ]
 
 
