@@ -12,6 +12,7 @@ rank samples its own rows, advantages cover whole groups, gradients are reduced 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -65,7 +66,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.policy, self.sampler, self.reward, self.strategy, self.grpo = policy, sampler, reward, strategy, grpo
         self.objective = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
         self.trained_steps = list(self.objective.trained_steps)
-        self.ode_phases = sampler.ode_phases(self.trained_steps)  # checked before any work
+        # checked before any work; a moving SDE window (grpo.window_size) has its phases per rollout
+        self.ode_phases = sampler.ode_phases(self.trained_steps) if grpo.window_size is None else {}
         sampler.noise_levels(policy)  # likewise: the grid (sampler.schedule) fits the policy
         self.compile_rollout(compile_rollout)
         self.optimizer_factory = optimizer
@@ -108,14 +110,24 @@ class GRPOModule(ProcessWiring, L.LightningModule):
             return self.forward.prepare(self.policy, samples.for_training(),
                                         off_policy=self.grpo.optimizer_steps_per_rollout > 1)
         guidance = self.sampler.guidance
+        window = self.window() if self.grpo.window_size is not None else None
+        phases = self.ode_phases if window is None else self.sampler.window_phases(window)
         rollout = sde_rollout(
             guided_velocity_fn(self.compiled_forward or self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels(self.policy).to(self.device),
             noise_level=self.sampler.noise_level, cond=cond, null_cond=null_cond,
             reduction=self.sampler.log_prob_reduction,
             ref_velocity_fn=guided_velocity_fn(self.ref_policy, cond, null_cond, guidance) if self.ref_policy is not None else None,
-            ref_steps=self.trained_steps, generator=generator, shard=self.shard, **self.ode_phases,
+            ref_steps=window or self.trained_steps, generator=generator, shard=self.shard, **phases,
         )
+        if window is not None:
+            rollout = dataclasses.replace(rollout, trained_steps=tuple(window))
         return rollout.for_training()
+
+    def window(self) -> list[int]:
+        """The trained steps of rollout `rollouts_done` under a moving SDE window (its own draw:
+        the rollout's noise is the same as without a window)."""
+        draw = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done + 2)
+        return self.grpo.window(self.sampler.num_steps, self.rollouts_done, draw)
 
     def rollout_generator(self) -> torch.Generator:
         """The noise of rollout `rollouts_done` of this run: a resumed or re-run step draws the same."""

@@ -60,6 +60,7 @@ class Rollout:
     # first trained step and / or a tail after the last one, each an ODE of its own
     ode_phases: tuple[ODEPhase, ...] = ()
     forwards: int = 0  # policy calls the rollout made (each carries both CFG branches), reference calls left out
+    trained_steps: tuple[int, ...] | None = None  # this rollout's own trained steps (a moving SDE window), else the objective's
 
     @property
     def num_steps(self) -> int:

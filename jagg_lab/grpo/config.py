@@ -4,9 +4,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from jagg_lab.grpo.loss import GRPOLoss
 
-__all__ = ["GRPOConfig"]
+__all__ = ["GRPOConfig", "WINDOW_SCHEDULES"]
+
+WINDOW_SCHEDULES = ("random", "sliding")
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,14 @@ class GRPOConfig:
     shuffle_advantages: a control run: advantages are permuted across the batch, keeping
     their distribution and every other cost but cutting their link to the samples; a gain
     claimed for a real run should beat it.
+
+    window_size: a moving window of this many consecutive sampling steps is sampled by the SDE
+    and trained, each rollout's own; the steps before and after it are sampled by ODE (the
+    sampler's head / tail solver, Euler when null). It replaces train_fraction / train_steps.
+    window_schedule: "random" (the window's first step uniform over window_range, a fresh draw
+    per rollout: Flow-GRPO-Fast) or "sliding" (it starts at window_range[0] and moves by
+    window_stride steps every window_shift_every rollouts, back to the start past the range's
+    end: MixGRPO). window_range: [lo, hi), the steps the window may cover (null: all).
     """
 
     clip_range: float = 1e-4
@@ -34,6 +46,11 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     ema_decay: float | None = None
     shuffle_advantages: bool = False
+    window_size: int | None = None
+    window_schedule: str = "random"
+    window_range: tuple[int, int] | None = None
+    window_shift_every: int = 25
+    window_stride: int = 1
 
     def __post_init__(self) -> None:
         if not 0 < self.train_fraction <= 1:
@@ -55,6 +72,20 @@ class GRPOConfig:
             if not self.train_steps or sorted(set(self.train_steps)) != list(self.train_steps):
                 raise ValueError(f"grpo.train_steps must be non-empty, increasing and unique, got {list(self.train_steps)}")
         GRPOLoss(self.clip_range, self.beta)  # validates clip_range and beta
+        if self.window_size is not None:
+            if self.window_size < 1:
+                raise ValueError(f"grpo.window_size must be >= 1 or null, got {self.window_size}")
+            if self.train_steps is not None:
+                raise ValueError("grpo.window_size picks the trained steps per rollout; leave grpo.train_steps null")
+        if self.window_schedule not in WINDOW_SCHEDULES:
+            raise ValueError(f"grpo.window_schedule must be one of {WINDOW_SCHEDULES}, got {self.window_schedule!r}")
+        if self.window_shift_every < 1 or self.window_stride < 1:
+            raise ValueError(f"grpo.window_shift_every and grpo.window_stride must be >= 1, "
+                             f"got {self.window_shift_every} and {self.window_stride}")
+        if self.window_range is not None:
+            object.__setattr__(self, "window_range", tuple(int(k) for k in self.window_range))
+            if len(self.window_range) != 2 or not 0 <= self.window_range[0] < self.window_range[1]:
+                raise ValueError(f"grpo.window_range must be [lo, hi) with 0 <= lo < hi, got {list(self.window_range)}")
 
     @property
     def loss(self) -> GRPOLoss:
@@ -62,12 +93,32 @@ class GRPOConfig:
 
     def trained_steps(self, num_steps: int) -> list[int]:
         """Indices of the sampling steps that receive gradients, in sampling order."""
+        if self.window_size is not None:
+            return self.window(num_steps, 0, None)
         if self.train_steps is not None:
             bad = [k for k in self.train_steps if not 0 <= k < num_steps]
             if bad:
                 raise ValueError(f"grpo.train_steps {bad} outside the {num_steps} sampling steps")
             return list(self.train_steps)
         return list(range(max(1, math.ceil(self.train_fraction * num_steps - 1e-9))))
+
+    def window_bounds(self, num_steps: int) -> tuple[int, int]:
+        """The first and last start of the SDE window (grpo.window_size) in `num_steps` steps."""
+        lo, hi = self.window_range if self.window_range is not None else (0, num_steps)
+        if hi > num_steps or hi - lo < self.window_size:
+            raise ValueError(f"grpo.window_range {[lo, hi]} does not hold a window of grpo.window_size = "
+                             f"{self.window_size} steps within the {num_steps} sampling steps")
+        return lo, hi - self.window_size
+
+    def window(self, num_steps: int, rollout: int, generator: "torch.Generator | None") -> list[int]:
+        """The trained steps of rollout number `rollout` under grpo.window_size: drawn from
+        `generator` ("random"; None: the first start) or by the sliding schedule."""
+        first, last = self.window_bounds(num_steps)
+        if self.window_schedule == "random":
+            start = first if generator is None else first + int(torch.randint(last - first + 1, (1,), generator=generator))
+        else:
+            start = first + (self.window_stride * (rollout // self.window_shift_every)) % (last - first + 1)
+        return list(range(start, start + self.window_size))
 
     def check_batch(self, samples_per_step: int) -> None:
         """The rollout batch must split into whole optimizer steps and whole micro-batches."""

@@ -50,6 +50,10 @@ class GRPOObjective:
     def from_config(cls, grpo: GRPOConfig, num_steps: int, guidance: float) -> "GRPOObjective":
         return cls(loss=grpo.loss, trained_steps=tuple(grpo.trained_steps(num_steps)), guidance=guidance)
 
+    def steps_of(self, rollout: Rollout) -> tuple[int, ...]:
+        """The trained steps of `rollout`: its own (a moving SDE window) or the objective's."""
+        return self.trained_steps if rollout.trained_steps is None else rollout.trained_steps
+
     def velocity_fn(self, policy: nn.Module, rollout: Rollout, idx: torch.Tensor) -> VelocityFn:
         """(x, s) -> guided v for micro-batch `idx` of the rollout's prompts."""
         return guided_velocity_fn(policy, index_cond(rollout.cond, idx), rollout.null_cond, self.guidance)
@@ -73,9 +77,10 @@ class GRPOObjective:
         ref = rollout.ref_means[idx] if rollout.ref_means is not None else None
         adv = advantages[idx]
         levels = rollout.noise_levels.tolist()
+        steps = self.steps_of(rollout)
 
         def loss(j: int, v: torch.Tensor) -> torch.Tensor:
-            k = self.trained_steps[j]
+            k = steps[j]
             value, stats = self.loss(
                 v, x[:, k], nxt[:, k], levels[k], levels[k + 1], None if old is None else old[:, k], adv,
                 noise_level=rollout.noise_level, s_first_below_one=rollout.s_first_below_one,
@@ -103,7 +108,7 @@ class GRPOObjective:
         scale * mean over trained steps of L_k into .grad. Returns the strategy's stats and
         the per-step loss statistics (one per trained step)."""
         levels = rollout.noise_levels.tolist()
-        steps = self.trained_steps
+        steps = self.steps_of(rollout)
         record: dict[int, StepStats] = {}
         stats = strategy(
             self.velocity_fn(policy, rollout, idx),

@@ -107,6 +107,7 @@ class SoftCopy:
 # objective has no use for: each key and its default. A changed value is refused, naming the key.
 _TRAJECTORY_DEFAULTS = {
     "grpo.clip_range": 1e-4, "grpo.beta": 0.0, "grpo.train_fraction": 0.6, "grpo.train_steps": None,
+    "grpo.window_size": None,
     "sampler.tail_solver": None, "sampler.head_solver": None,
 }
 
@@ -120,7 +121,7 @@ def trajectory_settings_used(cfg, objective_name: str) -> list[str]:
         value = cfg.get(group, {}).get(name, default)
         if value != default:
             problems.append(f"{key}={value}: objective={objective_name} trains no sampling step (it has no "
-                            f"{'clip range' if name == 'clip_range' else 'KL to the trajectory' if name == 'beta' else 'trained steps' if name.startswith('train') else 'SDE to cut'}"
+                            f"{'clip range' if name == 'clip_range' else 'KL to the trajectory' if name == 'beta' else 'trained steps' if name.startswith(('train', 'window')) else 'SDE to cut'}"
                             f"{'; see objective.kl_weight' if name == 'beta' else ''})")
     target = str(cfg.get("strategy", {}).get("_target_", ""))
     if target and not target.endswith("FullStrategy"):

@@ -84,6 +84,16 @@ class SDESampler:
             "tail": None if self.tail_solver is None else (self.tail_solver, self.tail_steps),
         }
 
+    def window_phases(self, window: list[int]) -> dict:
+        """The `sde_rollout` arguments of a rollout whose SDE window is `window` (grpo.window_size):
+        the steps before and after it by ODE, with the head / tail solver (Euler when null)."""
+        first, last = min(window), max(window)
+        return {
+            "sde_span": (first, last),
+            "head": (self.head_solver or "euler", self.head_steps) if first > 0 else None,
+            "tail": (self.tail_solver or "euler", self.tail_steps) if last < self.num_steps - 1 else None,
+        }
+
     def noise_levels(self, policy: object = None) -> torch.Tensor:
         """The rollouts' grid for `policy` (its `pipeline_schedule`, if it has one), (num_steps + 1,);
         ValueError naming sampler.schedule or sampler.shift if they do not fit the policy."""
