@@ -7,7 +7,7 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
-from jagg_lab.worlds.shapes import parse, sample_prompt
+from jagg_lab.worlds.shapes import CATEGORIES, parse, sample_prompt
 
 __all__ = ["PromptDataModule", "read_prompt_file"]
 
@@ -46,6 +46,8 @@ class PromptDataModule(L.LightningDataModule):
     """source: "shapes" (the embedded world's grammar) or "file" (prompt_file, one per line).
 
     split: the shapes world split to draw from ("train" or "heldout").
+    categories: the shapes categories to draw from, each equally often (null: all of CATEGORIES,
+    as held-out evaluation does); the prompt mix GRPO trains on.
     prompts_per_step: P distinct prompts per rollout; group_size: G samples per prompt,
     so a rollout has P * G samples, split into micro-batches by the module.
     """
@@ -58,6 +60,7 @@ class PromptDataModule(L.LightningDataModule):
         prompts_per_step: int = 8,
         group_size: int = 8,
         seed: int = 0,
+        categories: list[str] | None = None,
     ):
         super().__init__()
         if source not in ("shapes", "file"):
@@ -70,6 +73,13 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError(f"data.group_size must be >= 2 (advantages compare samples of a prompt), got {group_size}")
         if prompts_per_step < 1:
             raise ValueError(f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
+        if categories is not None:
+            if source != "shapes":
+                raise ValueError("data.categories picks shapes categories; it needs data.source=shapes")
+            unknown = [c for c in categories if c not in CATEGORIES]
+            if unknown or not categories:
+                raise ValueError(f"data.categories must be a non-empty list from {list(CATEGORIES)}, got {list(categories)}")
+        self.categories = None if categories is None else tuple(categories)
         self.source = source
         self.split = split
         self.prompts_per_step = prompts_per_step
@@ -85,7 +95,10 @@ class PromptDataModule(L.LightningDataModule):
     def draw(self, rng: np.random.Generator) -> list[str]:
         if self.file_prompts is not None:
             return [self.file_prompts[i] for i in rng.integers(0, len(self.file_prompts), self.prompts_per_step)]
-        return [sample_prompt(rng, self.split) for _ in range(self.prompts_per_step)]
+        if self.categories is None:
+            return [sample_prompt(rng, self.split) for _ in range(self.prompts_per_step)]
+        return [sample_prompt(rng, self.split, self.categories[int(rng.integers(len(self.categories)))])
+                for _ in range(self.prompts_per_step)]
 
     def metadata(self, prompt: str) -> dict:
         return {"category": parse(prompt).category} if self.source == "shapes" else {}

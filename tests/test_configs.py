@@ -106,6 +106,7 @@ BAD = [
     ("objective=nft sampler.tail_solver=euler", "sampler.tail_solver=euler: objective=nft"),
     ("objective=awm objective.weighting=cubic", "objective.weighting"),
     ("objective=nft objective.solver=rk4", "objective.solver"),
+    ("objective=nft trainer=fsdp_cpu", "trainer=fsdp: objective=nft"),
 ]
 
 

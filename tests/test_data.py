@@ -70,3 +70,17 @@ def test_unreadable_prompt_files_are_refused(tmp_path):
 def test_bad_values_are_refused_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         PromptDataModule(**kwargs)
+
+
+def test_categories_restrict_the_prompt_mix_and_share_it_equally():
+    data = PromptDataModule(prompts_per_step=8, seed=0, categories=["colors", "counting"])
+    seen = [m["category"] for b in batches(data, 40) for m in b["metadata"]]
+    assert set(seen) == {"colors", "counting"} and abs(seen.count("colors") - seen.count("counting")) < 0.2 * len(seen)
+    assert [b["prompts"] for b in batches(PromptDataModule(prompts_per_step=4, seed=3), 3)] == \
+        [b["prompts"] for b in batches(PromptDataModule(prompts_per_step=4, seed=3, categories=None), 3)]
+
+
+@pytest.mark.parametrize("categories", [["position", "shading"], []])
+def test_unknown_or_no_categories_are_refused(categories):
+    with pytest.raises(ValueError, match="data.categories"):
+        PromptDataModule(categories=categories)

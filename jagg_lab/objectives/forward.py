@@ -14,7 +14,7 @@ import math
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -123,6 +123,10 @@ def trajectory_settings_used(cfg, objective_name: str) -> list[str]:
             problems.append(f"{key}={value}: objective={objective_name} trains no sampling step (it has no "
                             f"{'clip range' if name == 'clip_range' else 'KL to the trajectory' if name == 'beta' else 'trained steps' if name.startswith(('train', 'window')) else 'SDE to cut'}"
                             f"{'; see objective.kl_weight' if name == 'beta' else ''})")
+    trainer_strategy = cfg.get("trainer", {}).get("strategy")
+    if isinstance(trainer_strategy, Mapping) and str(trainer_strategy.get("_target_", "")).endswith("FSDPStrategy"):
+        problems.append(f"trainer=fsdp: objective={objective_name}'s soft copies of the weights are not sharded; "
+                        "train it with trainer=cpu, ddp or ddp_cpu")
     target = str(cfg.get("strategy", {}).get("_target_", ""))
     if target and not target.endswith("FullStrategy"):
         problems.append(f"strategy={target.rsplit('.', 1)[-1]}: a gradient strategy decides how a trajectory's "
