@@ -103,7 +103,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         with torch.inference_mode():
             cond = self.policy.encode_prompts(prompts)
             null_cond = self.policy.encode_prompts([""])
-        noise = shard_noise((len(prompts), *self.policy.sample_shape), generator, self.shard, self.device)
+        noise = self.initial_noise(len(prompts), generator)
         if self.forward is not None:
             samples = self.forward.rollout(self.policy, self.trainable_parameters(), cond, null_cond, noise,
                                            self.sampler.noise_levels(self.policy).to(self.device), generator, self.shard)
@@ -122,6 +122,19 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         if window is not None:
             rollout = dataclasses.replace(rollout, trained_steps=tuple(window))
         return rollout.for_training()
+
+    def initial_noise(self, rows: int, generator: torch.Generator) -> torch.Tensor:
+        """This rank's rows of the rollout's initial noise: one draw per sample, or with
+        sampler.group_noise one per prompt group, shared by its group_size consecutive rows."""
+        shape = tuple(self.policy.sample_shape)
+        if not self.sampler.group_noise:
+            return shard_noise((rows, *shape), generator, self.shard, self.device)
+        rank, world = self.shard
+        total = rows * world
+        if total % self.group_size:
+            raise ValueError(f"sampler.group_noise: {total} rows are not whole groups of {self.group_size}")
+        groups = torch.randn((total // self.group_size, *shape), generator=generator)
+        return groups.repeat_interleave(self.group_size, 0)[rank * rows:(rank + 1) * rows].to(self.device)
 
     def window(self) -> list[int]:
         """The trained steps of rollout `rollouts_done` under a moving SDE window (its own draw:

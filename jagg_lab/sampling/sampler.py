@@ -29,6 +29,9 @@ class SDESampler:
     the trained transitions and log-probs stay the same, only the final sample (and the reward)
     changes. head_solver / head_steps: likewise for the steps before the first trained step.
     null solver: the SDE, as by default. Evaluation keeps its own ODE (eval_num_steps, Euler).
+    group_noise: the G samples of a prompt start from one initial noise (DanceGRPO's shared
+    initialisation), so their rewards differ only by the SDE's noise, the policy's own actions;
+    by default every sample draws its own.
     """
 
     num_steps: int = 10
@@ -42,6 +45,7 @@ class SDESampler:
     tail_steps: int | None = None
     head_solver: str | None = None
     head_steps: int | None = None
+    group_noise: bool = False
 
     def __post_init__(self) -> None:
         if self.num_steps < 2:
