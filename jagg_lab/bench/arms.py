@@ -78,9 +78,12 @@ class ArmsArgs:
             raise ValueError(f"out: {self.out} already exists; choose a new file")
 
 
-def _configs(args: ArmsArgs) -> dict:
+def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
     """Each experiment's training config; ValueError naming the experiment whose composition
-    fails or whose shared settings differ from the first's, before any model is built."""
+    fails or whose shared settings differ from the first's, before any model is built.
+    own_rollouts (`bench step`): an experiment may sample its own rollouts, with another objective
+    (objective=awm | nft) or a moving SDE window (grpo.window_*); `bench arms` times strategies on
+    one shared rollout and refuses both."""
     configs = {}
     for name in args.experiments:
         try:
@@ -95,14 +98,29 @@ def _configs(args: ArmsArgs) -> dict:
         if precision != _precision(configs[first]):
             raise ValueError(f"experiments: {name} trains with trainer.precision={precision} but {first} with "
                              f"{_precision(configs[first])}; time the arms of one table in one precision")
+    for name, cfg in configs.items():
+        if owns_rollouts(cfg) and (not own_rollouts or name == first):
+            raise ValueError(f"experiments: {name} samples its own rollouts (objective={cfg.objective._target_.rsplit('.', 1)[-1]}"
+                             f", grpo.window_size={cfg.grpo.get('window_size')}): "
+                             + ("time it with bench step" if not own_rollouts else
+                                "the first experiment sets the shared rollout: put a trajectory experiment first"))
     for name in rest:
         for group in SHARED:
             a, b = (OmegaConf.to_container(configs[n][group], resolve=True) for n in (first, name))
+            if own_rollouts and owns_rollouts(configs[name]) and group == "grpo":
+                a, b = ({k: v for k, v in d.items() if not k.startswith("window_")} for d in (a, b))
             if a != b:
                 keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
                 raise ValueError(f"experiments: {name} differs from {first} in {', '.join(f'{group}.{k}' for k in keys)}; "
                                  "only the strategy may differ")
     return configs
+
+
+def owns_rollouts(cfg) -> bool:
+    """Whether a training config samples rollouts of its own kind: a forward-process objective
+    (ODE rollouts) or a moving SDE window."""
+    target = str(cfg.get("objective", {}).get("_target_", "TrajectoryGRPO"))
+    return not target.endswith("TrajectoryGRPO") or cfg.grpo.get("window_size") is not None
 
 
 def _precision(cfg) -> str:

@@ -2,6 +2,7 @@
 
     python -m jagg_lab.bench step "experiments=[full,subsample_w6]" "rollouts=[sde,euler:1,euler:1+compile]" out=FILE.json
     python -m jagg_lab.bench step "experiments=[subsample_w6,full]" "precisions=[32-true,bf16-mixed]" limit=true out=FILE.json
+    python -m jagg_lab.bench step "experiments=[full,subsample_w6,awm,nft,flow_grpo_fast,mixgrpo]" "rollouts=[sde]" out=FILE.json
 
 Users pay for whole steps: the rollout (SDE sampling, no grad), the reward, and the gradient
 phase. Each round draws one prompt batch of the training stream (as `bench arms` does), then
@@ -18,6 +19,12 @@ A rollout setting is `sde` (as training samples by default), `SOLVER:STEPS` (the
 the last trained one by ODE: `sampler.tail_solver=SOLVER sampler.tail_steps=STEPS`; `SOLVER`
 alone: as many steps as it replaces), with `+compile` for the rollout's policy calls through
 torch.compile (`compile_rollout=true`; its compilation is paid in the warm-up rounds).
+
+Experiments that sample their own rollouts, a forward-process objective (`awm`, `nft`: ODE
+rollouts) or a moving SDE window (`flow_grpo_fast`, `mixgrpo`), get one row each (rollout `own`),
+timed in each round after the shared settings on the same prompts and noise seeds, with the
+training step's own gradient phase; the first experiment must be a trajectory one (it sets the
+shared rollout).
 
 `precisions` runs every setting in each of these `trainer.precision` values (32-true, bf16-mixed:
 the transformer under bfloat16 autocast, as Lightning's plugin runs training_step), rollout and
@@ -43,7 +50,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
-from jagg_lab.bench.arms import _configs as experiment_configs
+from jagg_lab.bench.arms import _configs as experiment_configs, owns_rollouts
+from jagg_lab.module import GRPOModule
 from jagg_lab.bench.common import (
     check_device,
     check_minimum,
@@ -128,7 +136,7 @@ class StepArgs:
 def _configs(args: StepArgs) -> dict:
     """The experiments' training configs (checked as `bench arms` checks them) and each rollout
     setting's sampler, checked against the trained steps; ValueError naming the bad key."""
-    arms = experiment_configs(args)  # the same experiments / reference / overrides keys
+    arms = experiment_configs(args, own_rollouts=True)  # the same experiments / reference / overrides keys
     first = arms[args.experiments[0]]
     base = instantiate(first.sampler)
     trained = instantiate(first.grpo).trained_steps(base.num_steps)
@@ -155,7 +163,8 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     arms, samplers = configs["experiments"], configs["samplers"]
     first = arms[args.experiments[0]]
     module, data = training_setting(first, args.seed, args.device)
-    strategies = {name: instantiate(cfg.strategy) for name, cfg in arms.items()}
+    own = {name: own_rollout_module(cfg, module) for name, cfg in arms.items() if owns_rollouts(cfg)}
+    strategies = {name: instantiate(cfg.strategy) for name, cfg in arms.items() if name not in own}
     micro_batches = data.samples_per_step // module.grpo.micro_batch_size
     per_rollout = module.grpo.optimizer_steps_per_rollout
     guidance_rows = 2 if module.sampler.guidance != 1.0 else 1
@@ -165,9 +174,11 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     # a row per experiment x rollout setting x precision; a rollout per rollout setting x precision
     settings = [(spec, precision) for precision in args.precisions for spec in samplers]
     times = {(e, r, p): {"rollout": [], "reward": [], "gradient": []} for e in strategies for r, p in settings}
+    times.update({(e, OWN, p): {"rollout": [], "reward": [], "gradient": []} for e in own for p in args.precisions})
     work = {key: {} for key in times}
-    rewards = {key: [] for key in settings}
-    strict = {key: [] for key in settings}
+    # rewards of each rollout: (setting, precision), or (OWN:experiment, precision) for those with their own
+    rewards = {key: [] for key in [*settings, *((f"{OWN}:{e}", p) for e in own for p in args.precisions)]}
+    strict = {key: [] for key in rewards}
     calls = {}
     stream = iter(data.train_dataloader())
     load_start, start = os.getloadavg(), time.perf_counter()
@@ -219,10 +230,26 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
                             work[name, spec, precision].setdefault(key, []).append(stats.get(key, 0))
                 module.policy.zero_grad(set_to_none=True)
                 del rollout
+        for name, own_module in own.items():
+            for precision in args.precisions:
+                with precision_context(precision, args.device):
+                    seconds, scores, components, stats = _own_step(own_module, prompts, metadata, group_ids, i, args.device)
+                    calls[f"{OWN}:{name}"] = stats.pop("rollout_forwards")
+                    if timed:
+                        entry = times[name, OWN, precision]
+                        for phase, value in seconds.items():
+                            entry[phase].append(value)
+                        rewards[f"{OWN}:{name}", precision] += scores.tolist()
+                        if "strict" in components:
+                            strict[f"{OWN}:{name}", precision] += components["strict"].float().tolist()
+                        for key in ("backward_items", "grad_forwards", "nograd_forwards", "clip_frac", "ratio_mean"):
+                            work[name, OWN, precision].setdefault(key, []).append(stats.get(key, 0))
         progress(f"round {i + 1}/{args.warmup + args.rounds} ({'warm-up' if not timed else 'timed'}), "
                  f"{time.perf_counter() - start:.0f} s")
     wall = time.perf_counter() - start
     limit = _limit(args, module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of) if args.limit else None
+    trained = {name: len(module.trained_steps) for name in strategies}
+    trained.update({name: len(m.objective.trained_steps) for name, m in own.items()})
 
     experiment, _, rest = (args.reference or f"{args.experiments[0]}/{args.rollouts[0]}").partition("/")
     ref_rollout, _, ref_precision = rest.partition("/")
@@ -235,25 +262,31 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         medians = {k: statistics.median(v) / (per_rollout if k == "gradient" else 1) for k, v in entry.items()}
         step = medians["rollout"] / per_rollout + medians["reward"] / per_rollout + medians["gradient"]
         counted = work[name, spec, precision]
-        reward_gain, reward_se = _paired(rewards[spec, precision], rewards[ref_setting])
+        key = f"{OWN}:{name}" if spec == OWN else spec
+        reward_gain, reward_se = _paired(rewards[key, precision], rewards[ref_setting])
+        setting = samplers[spec][0] if spec != OWN else RolloutSetting(OWN)
+        if name in own:  # a forward-process objective's reference calls are part of its gradient phase
+            kl_calls = trained[name] if own[name].forward is None and own[name].ref_policy is not None else 0
+        else:
+            kl_calls = ref_calls
         row = {
             "experiment": name, "rollout": spec, "precision": precision,
-            "tail": None if samplers[spec][0].tail_solver is None else [samplers[spec][0].tail_solver, samplers[spec][0].tail_steps],
-            "compile": samplers[spec][0].compile,
-            "rollout_calls": calls[spec], "rollout_rows": calls[spec] * samples * guidance_rows, "reference_calls": ref_calls,
+            "tail": None if setting.tail_solver is None else [setting.tail_solver, setting.tail_steps],
+            "compile": setting.compile,
+            "rollout_calls": calls[key], "rollout_rows": calls[key] * samples * guidance_rows, "reference_calls": kl_calls,
             "rollout_s": medians["rollout"] / per_rollout, "reward_s": medians["reward"] / per_rollout,
             "gradient_s": medians["gradient"], "step_s": step,
             "backward_items": statistics.fmean(counted["backward_items"]) / per_rollout,
             "gradient_forwards": statistics.fmean(a + b for a, b in zip(counted["grad_forwards"], counted["nograd_forwards"])) / per_rollout,
             "clip_frac": max(counted["clip_frac"]), "ratio_mean": statistics.fmean(counted["ratio_mean"]),
-            "reward_mean": statistics.fmean(rewards[spec, precision]), "reward_vs_reference": reward_gain, "reward_vs_reference_se": reward_se,
+            "reward_mean": statistics.fmean(rewards[key, precision]), "reward_vs_reference": reward_gain, "reward_vs_reference_se": reward_se,
             "rounds_s": {k: v for k, v in entry.items()},
         }
-        if strict[spec, precision]:
-            row["strict_mean"] = statistics.fmean(strict[spec, precision])
-            row["strict_vs_reference"], row["strict_vs_reference_se"] = _paired(strict[spec, precision], strict[ref_setting])
+        if strict[key, precision]:
+            row["strict_mean"] = statistics.fmean(strict[key, precision])
+            row["strict_vs_reference"], row["strict_vs_reference_se"] = _paired(strict[key, precision], strict[ref_setting])
         row["rollout_share"] = row["rollout_s"] / step
-        if limit is not None:
+        if limit is not None and spec != OWN:
             row.update(_achieved(row, limit, name, spec, per_rollout))
         rows.append(row)
     ref = next(r for r in rows if (r["experiment"], r["rollout"], r["precision"]) == (experiment, *ref_setting))
@@ -272,7 +305,11 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
              "reward_vs_reference: mean per-sample reward difference against the reference row's rollout setting and "
              "precision on the same prompts and noise, with its standard error",
              "clip_frac: the largest share of clipped ratios over the timed rounds of the on-policy step; ratio_mean: "
-             "their mean ratio (1 on-policy whatever the precision: see GRPOLoss)"]
+             "their mean ratio (1 on-policy whatever the precision: see GRPOLoss)",
+             f"rollout {OWN!r}: an experiment that samples its own rollouts (a forward-process objective: ODE; a moving "
+             "SDE window: ODE around it) on the same prompts and noise seeds, timed in each round after the shared "
+             "ones; its gradient phase is the training step's own (module.accumulate_gradients, the optimizer step "
+             "left out), its reward paired with the reference row's samples"]
     if limit is not None:
         notes.append("gflop: torch.utils.flop_counter's count of one phase (matrix products, convolutions, attention; "
                      "elementwise work counts nothing), per optimizer step; *_peak_share: the phase's GFLOP/s over the "
@@ -285,6 +322,50 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         "wall_s": wall, "notes": notes, **({"limit": limit} if limit is not None else {}),
         "rows": rows,
     }
+
+
+OWN = "own"  # the rollout setting of an experiment that samples its own rollouts
+
+
+def own_rollout_module(cfg, shared: GRPOModule) -> GRPOModule:
+    """A module for an experiment with its own rollouts (`owns_rollouts`), on the shared module's
+    policy: its objective, its grpo settings (a window), the shared sampler and reward."""
+    return GRPOModule(policy=shared.policy, sampler=shared.sampler, reward=shared.reward, strategy=instantiate(cfg.strategy),
+                      grpo=instantiate(cfg.grpo), optimizer=lambda params: None, group_size=shared.group_size,
+                      seed=shared.seed, sample_every=0, objective=instantiate(cfg.objective))
+
+
+def _own_step(module: GRPOModule, prompts: list[str], metadata: list[dict], group_ids: torch.Tensor, index: int,
+              device: str) -> tuple[dict, torch.Tensor, dict, dict]:
+    """One training step's rollout, reward and gradient phase of an experiment with its own rollouts:
+    (seconds per phase, scores, reward components, the gradient phase's stats with the step's
+    clip_frac, ratio_mean and the rollout's policy calls)."""
+    module.rollouts_done = index
+    module.policy.eval()
+    sync(device)
+    t0 = time.perf_counter()
+    rollout = module.make_rollout(prompts, module.rollout_generator())
+    sync(device)
+    t1 = time.perf_counter()
+    components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
+    scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
+    t2 = time.perf_counter()
+    advantages = module.advantages(scores, group_ids)
+    if module.forward is not None:
+        advantages = module.forward.sample_weights(advantages, module.grpo.adv_clip_max)
+    module.policy.zero_grad(set_to_none=True)
+    everything = torch.arange(len(prompts), device=device)  # the whole rollout, on-policy, as the shared rows
+    sync(device)
+    t3 = time.perf_counter()
+    stats = module.accumulate_gradients(rollout, advantages, everything, on_policy=True, chunk_size=len(prompts))
+    sync(device)
+    t4 = time.perf_counter()
+    means = module.step_means()
+    for metric in module.step_metrics.values():
+        metric.reset()
+    module.policy.zero_grad(set_to_none=True)
+    stats.update(clip_frac=means["clip_frac"], ratio_mean=means["ratio_mean"], rollout_forwards=rollout.forwards)
+    return {"rollout": t1 - t0, "reward": t2 - t1, "gradient": t4 - t3}, scores, components, stats
 
 
 def _limit(args: StepArgs, module, strategies: dict, samplers: dict, prompts: list[str], metadata: list[dict],

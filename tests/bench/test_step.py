@@ -96,3 +96,27 @@ def test_precisions_run_side_by_side_and_limit_counts_flops_against_each_peak(tm
 def test_a_bad_precision_is_refused(capsys):
     assert main(["step", "precisions=[bf16-true]"]) == 2
     assert "precisions" in capsys.readouterr().err
+
+
+def test_experiments_with_their_own_rollouts_are_timed_beside_the_shared_ones(tmp_path):
+    """A forward-process objective (ODE rollouts) and a moving SDE window sample their own rollouts
+    of the same prompts: one row each, rollout 'own', with the training step's own gradient phase."""
+    out = tmp_path / "step.json"
+    code = main(["step", f"out={out}", "experiments=[full,nft,awm,flow_grpo_fast]", "rollouts=[sde]", "rounds=1",
+                 "warmup=0", f"overrides=[{','.join(TINY)}]"])
+    assert code == 0
+    rows = {r["experiment"]: r for r in json.loads(out.read_text())["rows"]}
+    assert {name: rows[name]["rollout"] for name in rows} == {"full": "sde", "nft": "own", "awm": "own", "flow_grpo_fast": "own"}
+    assert {name: rows[name]["rollout_calls"] for name in rows} == {"full": 6, "nft": 6, "awm": 6, "flow_grpo_fast": 6}
+    # per optimizer step (2 per rollout): full 3 trained steps; NFT int(6 * 0.99) = 5 levels; AWM 6; the window 2
+    assert {name: rows[name]["backward_items"] for name in rows} == {"full": 3, "nft": 5, "awm": 6, "flow_grpo_fast": 2}
+    for row in rows.values():
+        assert row["step_s"] == pytest.approx(row["rollout_s"] + row["reward_s"] + row["gradient_s"])
+        assert 0 <= row["reward_mean"] <= 1
+
+
+def test_bench_arms_refuses_an_experiment_with_its_own_rollouts(capsys):
+    assert main(["arms", "experiments=[full,nft]"]) == 2
+    assert "nft samples its own rollouts" in capsys.readouterr().err
+    assert main(["step", "experiments=[mixgrpo,full]"]) == 2
+    assert "put a trajectory experiment first" in capsys.readouterr().err
