@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from jagg_lab.worlds.shapes import CATEGORIES
 from tests.test_train_cli import REPO, read_rows, train
 
 SMALL = ["policy=dit_xs", "data.prompts_per_step=1", "data.group_size=4", "grpo.micro_batch_size=4",
@@ -29,7 +30,11 @@ def test_tensorboard_heldout_and_summary(tmp_path):
     assert [e.step for e in events.Images("samples")] == [1, 2]
     assert "group_size" in (run / "tensorboard" / "hparams.yaml").read_text()  # the config as hyper-parameters
     # held-out: the base at step 0, then every step, all paired with the base
-    assert [int(r["step"]) for r in read_rows(run / "heldout.csv")] == [0, 1, 2]
+    rows = read_rows(run / "heldout.csv")
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    # each category's strict accuracy (6 samples: one per category) averages to the overall one
+    per_category = [float(rows[-1][f"strict_{c}"]) for c in CATEGORIES]
+    assert sum(per_category) / 6 == pytest.approx(float(rows[-1]["strict_accuracy"]))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["heldout"]["n_samples"] == 6 and "dense_gain_se" in summary["heldout"]
     assert summary["next"].startswith("python -m jagg_lab.evaluate")

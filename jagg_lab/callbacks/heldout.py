@@ -44,6 +44,7 @@ from jagg_lab.callbacks.interrupt import SafeStop
 from jagg_lab.callbacks.progress import SampleProgress
 from jagg_lab.evaluation import eval_prompts, paired_gain, sample_images, score_images
 from jagg_lab.sharding import FSDPStrategy
+from jagg_lab.worlds.shapes import CATEGORIES
 
 __all__ = ["HeldoutEval", "policy_fingerprint", "stored_evaluation"]
 
@@ -270,14 +271,17 @@ class HeldoutEval(Callback):
         row = {"step": step, "strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"],
                **overall(gain)}
         self.latest = {**result, **row, "gain": gain}
+        categories = {f"strict_{c}": v["strict_accuracy"] for c, v in result.get("per_category", {}).items()}
         path = self.run_dir / "heldout.csv"
         new = not path.exists()
+        # a resumed run keeps the file's own columns (a file from before per-category columns keeps none)
+        fields = (["step", "strict_accuracy", "dense_score", "strict_gain", "strict_gain_se", "dense_gain", "dense_gain_se",
+                   *(f"strict_{c}" for c in CATEGORIES)] if new else path.read_text().splitlines()[0].split(","))
         with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["step", "strict_accuracy", "dense_score", "strict_gain",
-                                                   "strict_gain_se", "dense_gain", "dense_gain_se"], restval="")
+            writer = csv.DictWriter(f, fieldnames=fields, restval="", extrasaction="ignore")
             if new:
                 writer.writeheader()
-            writer.writerow(row)
+            writer.writerow({**row, **categories})
         for logger in trainer.loggers:
             if not isinstance(logger, CSVLogger):  # metrics.csv keeps one row per optimizer step
                 logger.log_metrics({f"heldout/{k}": v for k, v in row.items() if k != "step"}, step=step)
