@@ -74,12 +74,12 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
         self.run_dir = Path(run_dir) if run_dir else None
         self.max_bad_steps = max_bad_steps
-        self.forward = objective if isinstance(objective, ForwardObjective) else None
+        self.forward_objective = objective if isinstance(objective, ForwardObjective) else None
         # The KL reference is the policy as it starts; nothing when KL is off.
-        kl = self.forward.needs_reference if self.forward is not None else grpo.beta
+        kl = self.forward_objective.needs_reference if self.forward_objective is not None else grpo.beta
         self.ref_policy = reference_policy(policy) if kl else None
-        if self.forward is not None:
-            self.forward.attach(policy, self.trainable_parameters(), sampler.guidance, self.ref_policy)
+        if self.forward_objective is not None:
+            self.forward_objective.attach(policy, self.trainable_parameters(), sampler.guidance, self.ref_policy)
         self.ema = (AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(grpo.ema_decay), use_buffers=True)
                     if grpo.ema_decay else None)
         self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
@@ -104,11 +104,12 @@ class GRPOModule(ProcessWiring, L.LightningModule):
             cond = self.policy.encode_prompts(prompts)
             null_cond = self.policy.encode_prompts([""])
         noise = self.initial_noise(len(prompts), generator)
-        if self.forward is not None:
-            samples = self.forward.rollout(self.policy, self.trainable_parameters(), cond, null_cond, noise,
+        if self.forward_objective is not None:
+            samples = self.forward_objective.rollout(self.policy, self.trainable_parameters(), cond, null_cond, noise,
                                            self.sampler.noise_levels(self.policy).to(self.device), generator, self.shard)
-            return self.forward.prepare(self.policy, samples.for_training(),
-                                        off_policy=self.grpo.optimizer_steps_per_rollout > 1)
+            return self.forward_objective.prepare(self.policy, samples.for_training(),
+                                                  off_policy=self.grpo.optimizer_steps_per_rollout > 1,
+                                                  micro_batch_size=self.grpo.micro_batch_size)
         guidance = self.sampler.guidance
         window = self.window() if self.grpo.window_size is not None else None
         phases = self.ode_phases if window is None else self.sampler.window_phases(window)
@@ -139,7 +140,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     def window(self) -> list[int]:
         """The trained steps of rollout `rollouts_done` under a moving SDE window (its own draw:
         the rollout's noise is the same as without a window)."""
-        draw = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done + 2)
+        draw = torch.Generator().manual_seed(2**40 + self.seed * 1_000_003 + self.rollouts_done)  # apart from the noise seeds
         return self.grpo.window(self.sampler.num_steps, self.rollouts_done, draw)
 
     def rollout_generator(self) -> torch.Generator:
@@ -154,8 +155,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     def micro_batch_backward(self, rollout: Rollout, advantages: torch.Tensor, idx: torch.Tensor, scale: float,
                              on_policy: bool) -> dict:
         """The gradient phase of one micro-batch; its loss statistics go to `step_metrics`."""
-        if self.forward is not None:
-            stats, steps = self.forward.backward(self.policy, self.trainable_parameters(), rollout, advantages, idx,
+        if self.forward_objective is not None:
+            stats, steps = self.forward_objective.backward(self.policy, self.trainable_parameters(), rollout, advantages, idx,
                                                  scale=scale, on_policy=on_policy)
         else:
             stats, steps = self.objective.backward(self.strategy, self.policy, rollout, advantages, idx, scale=scale,
@@ -227,8 +228,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                         int((~torch.isfinite(rewards)).sum()), self.global_step)
             rewards = torch.nan_to_num(rewards, nan=0.0, posinf=0.0, neginf=0.0)
         advantages = self.advantages(rewards, group_ids)
-        if self.forward is not None:  # its per-sample reward weights
-            advantages = self.forward.sample_weights(advantages, self.grpo.adv_clip_max)
+        if self.forward_objective is not None:  # its per-sample reward weights
+            advantages = self.forward_objective.sample_weights(advantages, self.grpo.adv_clip_max)
         component_means = {k: self.gather_rows(v.float().to(self.device)).nanmean().item() for k, v in components.items() if k != "reward"}
         self.maybe_save_grid(images, rewards)
 
@@ -264,8 +265,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                     f"{self.bad_steps_in_a_row} optimizer steps in a row had a non-finite reward, loss or gradient "
                     f"(reward {self.reward.name!r}); stopping. The last good state is in checkpoints/."
                 )
-        if self.forward is not None:
-            self.forward.after_rollout(self.trainable_parameters(), self.global_step)
+        if self.forward_objective is not None and finite_rewards:
+            self.forward_objective.after_rollout(self.trainable_parameters(), self.global_step)
         self.rollouts_done += 1
 
     def maybe_save_grid(self, images: torch.Tensor, rewards: torch.Tensor) -> None:
@@ -287,13 +288,13 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint.update(rollouts_done=self.rollouts_done, skipped_steps=self.skipped_steps,
                           strategy=self.strategy.state_dict(), rng=rng_state())
-        if self.forward is not None:
-            checkpoint["objective"] = self.forward.state_dict()
+        if self.forward_objective is not None:
+            checkpoint["objective"] = self.forward_objective.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.rollouts_done = checkpoint["rollouts_done"]
         self.skipped_steps = checkpoint["skipped_steps"]
         self.strategy.load_state_dict(checkpoint["strategy"])
         set_rng_state(checkpoint["rng"])
-        if self.forward is not None:
-            self.forward.load_state_dict(checkpoint["objective"])
+        if self.forward_objective is not None:
+            self.forward_objective.load_state_dict(checkpoint["objective"])

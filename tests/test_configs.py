@@ -100,10 +100,12 @@ BAD = [
     ("sampler.schedule=pipeline", "sampler.schedule=pipeline"),  # a grid the policy does not have
     # What a forward-process objective cannot use: named, with the objective.
     ("objective=nft +experiment=jagg_w4", "strategy=JaggStrategy"),
-    ("objective=awm grpo.clip_range=0.2", "grpo.clip_range=0.2: objective=awm"),
-    ("objective=awm grpo.beta=0.04", "see objective.kl_weight"),
-    ("objective=nft grpo.train_fraction=1.0", "grpo.train_fraction=1.0: objective=nft"),
-    ("objective=nft sampler.tail_solver=euler", "sampler.tail_solver=euler: objective=nft"),
+    ("objective=awm grpo.clip_range=0.2", "grpo.clip_range=0.2: not used by objective=awm"),
+    ("objective=awm grpo.beta=0.04", "its KL term is objective.kl_weight"),
+    ("objective=nft grpo.train_fraction=1.0", "grpo.train_fraction=1.0: not used by objective=nft"),
+    ("objective=nft sampler.tail_solver=euler", "sampler.tail_solver=euler: not used by objective=nft"),
+    ("objective=nft sampler.group_noise=true", "sampler.group_noise=True: not used by objective=nft"),
+    ("grpo.window_range=[0,4]", "set grpo.window_size too"),
     ("objective=awm objective.weighting=cubic", "objective.weighting"),
     ("objective=nft objective.solver=rk4", "objective.solver"),
     ("objective=nft trainer=fsdp_cpu", "trainer=fsdp: objective=nft"),

@@ -266,7 +266,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         reward_gain, reward_se = _paired(rewards[key, precision], rewards[ref_setting])
         setting = samplers[spec][0] if spec != OWN else RolloutSetting(OWN)
         if name in own:  # a forward-process objective's reference calls are part of its gradient phase
-            kl_calls = trained[name] if own[name].forward is None and own[name].ref_policy is not None else 0
+            kl_calls = trained[name] if own[name].forward_objective is None and own[name].ref_policy is not None else 0
         else:
             kl_calls = ref_calls
         row = {
@@ -332,7 +332,7 @@ def own_rollout_module(cfg, shared: GRPOModule) -> GRPOModule:
     policy: its objective, its grpo settings (a window), the shared sampler and reward."""
     return GRPOModule(policy=shared.policy, sampler=shared.sampler, reward=shared.reward, strategy=instantiate(cfg.strategy),
                       grpo=instantiate(cfg.grpo), optimizer=lambda params: None, group_size=shared.group_size,
-                      seed=shared.seed, sample_every=0, objective=instantiate(cfg.objective))
+                      seed=shared.seed, sample_every=0, objective=instantiate(cfg.objective)).to(shared.device)
 
 
 def _own_step(module: GRPOModule, prompts: list[str], metadata: list[dict], group_ids: torch.Tensor, index: int,
@@ -351,8 +351,8 @@ def _own_step(module: GRPOModule, prompts: list[str], metadata: list[dict], grou
     scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
     t2 = time.perf_counter()
     advantages = module.advantages(scores, group_ids)
-    if module.forward is not None:
-        advantages = module.forward.sample_weights(advantages, module.grpo.adv_clip_max)
+    if module.forward_objective is not None:
+        advantages = module.forward_objective.sample_weights(advantages, module.grpo.adv_clip_max)
     module.policy.zero_grad(set_to_none=True)
     everything = torch.arange(len(prompts), device=device)  # the whole rollout, on-policy, as the shared rows
     sync(device)

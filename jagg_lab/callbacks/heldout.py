@@ -273,11 +273,11 @@ class HeldoutEval(Callback):
         self.latest = {**result, **row, "gain": gain}
         categories = {f"strict_{c}": v["strict_accuracy"] for c, v in result.get("per_category", {}).items()}
         path = self.run_dir / "heldout.csv"
-        new = not path.exists()
+        new = not path.exists() or not path.read_text().strip()
         # a resumed run keeps the file's own columns (a file from before per-category columns keeps none)
         fields = (["step", "strict_accuracy", "dense_score", "strict_gain", "strict_gain_se", "dense_gain", "dense_gain_se",
                    *(f"strict_{c}" for c in CATEGORIES)] if new else path.read_text().splitlines()[0].split(","))
-        with path.open("a", newline="") as f:
+        with path.open("w" if new else "a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields, restval="", extrasaction="ignore")
             if new:
                 writer.writeheader()

@@ -77,6 +77,8 @@ class GRPOConfig:
                 raise ValueError(f"grpo.window_size must be >= 1 or null, got {self.window_size}")
             if self.train_steps is not None:
                 raise ValueError("grpo.window_size picks the trained steps per rollout; leave grpo.train_steps null")
+        elif self.window_range is not None or self.window_schedule != "random":
+            raise ValueError("grpo.window_range and grpo.window_schedule shape a moving SDE window: set grpo.window_size too")
         if self.window_schedule not in WINDOW_SCHEDULES:
             raise ValueError(f"grpo.window_schedule must be one of {WINDOW_SCHEDULES}, got {self.window_schedule!r}")
         if self.window_shift_every < 1 or self.window_stride < 1:

@@ -107,16 +107,18 @@ class AWM(ForwardObjective):
         x0, eps, s = samples.final[idx], samples.noise[idx, j], samples.levels[idx, j]
         return noised(x0, eps, s), s, eps - x0
 
-    def prepare(self, policy, samples: Samples, off_policy: bool) -> Samples:
-        """Off-policy optimizer steps compare with the sampling policy's log-probs at the same states."""
+    def prepare(self, policy, samples: Samples, off_policy: bool, micro_batch_size: int) -> Samples:
+        """Off-policy optimizer steps compare with the sampling policy's log-probs at the same states
+        (computed here, before any update, micro-batch by micro-batch)."""
         if not off_policy:
             return samples
         old = torch.empty_like(samples.levels)
         with torch.no_grad():
-            for j in range(samples.levels.shape[1]):
-                idx = torch.arange(samples.final.shape[0], device=samples.final.device)
-                x, s, target = self._state(samples, idx, j)
-                old[:, j] = awm_log_prob(self.velocity(policy, samples, idx, x, s), target, s, self.weighting, self.power)
+            for idx in torch.arange(samples.final.shape[0], device=samples.final.device).split(micro_batch_size):
+                for j in range(samples.levels.shape[1]):
+                    x, s, target = self._state(samples, idx, j)
+                    old[idx, j] = awm_log_prob(self.velocity(policy, samples, idx, x, s), target, s, self.weighting,
+                                               self.power)
         return Samples(**{**samples.__dict__, "old_log_probs": old})
 
     def state_loss(self, policy, params, samples, idx, j, weights, on_policy) -> tuple[torch.Tensor, StepStats, int]:

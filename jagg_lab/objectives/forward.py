@@ -76,13 +76,20 @@ class SoftCopy:
     def __init__(self, params: Sequence[nn.Parameter]):
         self.tensors = [p.detach().clone() for p in params]
 
+    def follow(self, params: Sequence[nn.Parameter]) -> None:
+        """Keep the copy where the weights are (the module moves to its device after attach)."""
+        if any(t.device != p.device or t.dtype != p.dtype for t, p in zip(self.tensors, params)):
+            self.tensors = [t.to(p.device, p.dtype) for t, p in zip(self.tensors, params, strict=True)]
+
     @torch.no_grad()
     def update(self, params: Sequence[nn.Parameter], eta: float) -> None:
+        self.follow(params)
         for copy, p in zip(self.tensors, params, strict=True):
             copy.mul_(eta).add_(p.detach(), alpha=1 - eta)
 
     @contextmanager
     def swapped(self, params: Sequence[nn.Parameter]) -> Iterator[None]:
+        self.follow(params)
         with torch.no_grad():
             saved = [p.detach().clone() for p in params]
             for copy, p in zip(self.tensors, params, strict=True):
@@ -103,26 +110,30 @@ class SoftCopy:
         self.tensors = [t.detach().clone().to(own.device, own.dtype) for t, own in zip(tensors, self.tensors)]
 
 
-# The trajectory objective's settings (conf/grpo, conf/sampler, conf/strategy) that a forward-process
-# objective has no use for: each key and its default. A changed value is refused, naming the key.
-_TRAJECTORY_DEFAULTS = {
-    "grpo.clip_range": 1e-4, "grpo.beta": 0.0, "grpo.train_fraction": 0.6, "grpo.train_steps": None,
-    "grpo.window_size": None,
-    "sampler.tail_solver": None, "sampler.head_solver": None,
+# The trajectory objective's settings (conf/grpo, conf/sampler) that a forward-process objective has
+# no use for: each key, its default, and why. A changed value is refused, naming the key.
+_TRAJECTORY_SETTINGS = {
+    "grpo.clip_range": (1e-4, "its loss has no GRPO ratio to clip (AWM: objective.clip_range)"),
+    "grpo.beta": (0.0, "its KL term is objective.kl_weight"),
+    "grpo.train_fraction": (0.6, "it trains no sampling step"),
+    "grpo.train_steps": (None, "it trains no sampling step"),
+    "grpo.window_size": (None, "it trains no sampling step"),
+    "sampler.tail_solver": (None, "its rollouts are ODE throughout"),
+    "sampler.head_solver": (None, "its rollouts are ODE throughout"),
+    "sampler.group_noise": (False, "an ODE rollout from one noise gives every sample of a group the same image, "
+                                   "hence equal rewards and no signal"),
 }
 
 
 def trajectory_settings_used(cfg, objective_name: str) -> list[str]:
     """Why the config asks a forward-process objective for what it cannot do: one line per
-    trajectory-only key set away from its default, and a gradient strategy other than `full`."""
+    trajectory-only key set away from its default, a gradient strategy other than `full`, FSDP."""
     problems = []
-    for key, default in _TRAJECTORY_DEFAULTS.items():
+    for key, (default, why) in _TRAJECTORY_SETTINGS.items():
         group, name = key.split(".")
         value = cfg.get(group, {}).get(name, default)
         if value != default:
-            problems.append(f"{key}={value}: objective={objective_name} trains no sampling step (it has no "
-                            f"{'clip range' if name == 'clip_range' else 'KL to the trajectory' if name == 'beta' else 'trained steps' if name.startswith(('train', 'window')) else 'SDE to cut'}"
-                            f"{'; see objective.kl_weight' if name == 'beta' else ''})")
+            problems.append(f"{key}={value}: not used by objective={objective_name}: {why}")
     trainer_strategy = cfg.get("trainer", {}).get("strategy")
     if isinstance(trainer_strategy, Mapping) and str(trainer_strategy.get("_target_", "")).endswith("FSDPStrategy"):
         problems.append(f"trainer=fsdp: objective={objective_name}'s soft copies of the weights are not sharded; "
@@ -190,7 +201,7 @@ class ForwardObjective(ABC):
     def draw_levels(self, batch: int, noise_levels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(batch, K) training noise levels, taken from the rollout grid `noise_levels` (T + 1,)."""
 
-    def prepare(self, policy: nn.Module, samples: Samples, off_policy: bool) -> Samples:
+    def prepare(self, policy: nn.Module, samples: Samples, off_policy: bool, micro_batch_size: int) -> Samples:
         """What the objective needs from the sampling policy before any update (default: nothing)."""
         return samples
 

@@ -103,7 +103,7 @@ def test_awm_off_policy_steps_clip_the_ratio_against_the_sampling_policy():
     ratio left [1 - c, 1 + c] on the side its advantage favours gives no gradient."""
     awm = AWM(kl_weight=0.0, ema_weight=0.0, timesteps_per_sample=1, clip_range=1e-6, weighting="uniform")
     policy, params, samples = setup(awm)
-    samples = awm.prepare(policy, samples, off_policy=True)
+    samples = awm.prepare(policy, samples, off_policy=True, micro_batch_size=3)  # micro-batches of 3 and 1
     on = objective_gradient(awm, policy, params, samples, torch.ones(4), on_policy=False)
     assert on.norm() > 0  # same weights: ratio 1, nothing clipped
     with torch.no_grad():
@@ -259,3 +259,15 @@ def test_soft_copy_swaps_in_place_and_restores():
 def test_awm_log_prob_refuses_an_unknown_weighting():
     with pytest.raises(ValueError, match="objective.weighting"):
         awm_log_prob(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), "cubic")
+
+
+def test_soft_copy_follows_the_weights_to_their_dtype_and_device():
+    """The module moves to its device after the objective attaches: the copy follows on first use."""
+    policy = randomized_policy()
+    copy = SoftCopy(list(policy.parameters()))
+    policy.double()
+    params = list(policy.parameters())
+    with copy.swapped(params):
+        pass
+    copy.update(params, 0.5)
+    assert all(t.dtype == torch.float64 for t in copy.tensors)
