@@ -7,7 +7,8 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
-from jagg_lab.worlds.shapes import CATEGORIES, parse, sample_prompt
+from jagg_lab.evaluation.samples import check_categories
+from jagg_lab.worlds.shapes import parse, sample_prompt
 
 __all__ = ["PromptDataModule", "read_prompt_file"]
 
@@ -76,10 +77,7 @@ class PromptDataModule(L.LightningDataModule):
         if categories is not None:
             if source != "shapes":
                 raise ValueError("data.categories picks shapes categories; it needs data.source=shapes")
-            unknown = [c for c in categories if c not in CATEGORIES]
-            if unknown or not categories:
-                raise ValueError(f"data.categories must be a non-empty list from {list(CATEGORIES)}, got {list(categories)}")
-        self.categories = None if categories is None else tuple(categories)
+        self.categories = None if categories is None else check_categories(categories, "data.categories")
         self.source = source
         self.split = split
         self.prompts_per_step = prompts_per_step

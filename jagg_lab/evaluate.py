@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from jagg_lab import cli
+from jagg_lab.evaluation.samples import check_categories
 from jagg_lab.evaluation import eval_prompts, find_run, load_run_policy, sample_images, score_images
 from jagg_lab.policies import DiTPolicy
 from jagg_lab.worlds.shapes import render_batch
@@ -64,8 +65,11 @@ class EvalArgs:
     grid: str | None = None  # optional PNG grid of the first 64 samples
     run: str | None = None  # a training run directory (or a weights file in one): its policy instead of the DiT
     device: str = "cpu"  # where the policy samples
+    categories: list[str] | None = None  # only these shapes categories, in turn (null: all six)
 
     def __post_init__(self) -> None:
+        if self.categories is not None:
+            check_categories(self.categories, "categories")
         if self.source not in ("policy", "ground_truth"):
             raise ValueError(f"source must be 'policy' or 'ground_truth', got {self.source!r}")
         if self.n_samples < 1:
@@ -91,7 +95,7 @@ def build_policy(args: EvalArgs) -> tuple[nn.Module, EvalArgs]:
 def evaluate(args: EvalArgs) -> dict:
     """The evaluation as written to `out`: {"args": ..., n_samples, strict_accuracy, dense_score,
     per_sample, per_category}."""
-    prompts = eval_prompts(args.n_samples, args.seed, args.split)
+    prompts = eval_prompts(args.n_samples, args.seed, args.split, args.categories)
     if args.source == "ground_truth":
         images = render_batch(prompts, np.random.default_rng(args.seed), args.resolution)
     else:

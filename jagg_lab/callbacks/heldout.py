@@ -43,6 +43,7 @@ from lightning.pytorch.loggers import CSVLogger
 from jagg_lab.callbacks.interrupt import SafeStop
 from jagg_lab.callbacks.progress import SampleProgress
 from jagg_lab.evaluation import eval_prompts, paired_gain, sample_images, score_images
+from jagg_lab.evaluation.samples import check_categories
 from jagg_lab.sharding import FSDPStrategy
 from jagg_lab.worlds.shapes import CATEGORIES
 
@@ -68,12 +69,14 @@ class HeldoutEval(Callback):
     restore_best: end the run with the best held-out policy instead of the last.
     final_n_samples: held-out samples of the end-of-run verdict (0 or null = none beyond the periodic ones).
     final_seed: the verdict's prompts and noise (a set apart from `seed`'s).
+    categories: evaluate (and give the verdict) on these shapes categories only, in turn (null: all
+    six); the held-out task of a run that trains on data.categories.
     run_dir: where heldout.csv and checkpoints/best.ckpt go."""
 
     def __init__(self, n_samples: int = 32, every: int = 50, seed: int = 1, num_steps: int = 20, guidance: float = 3.0,
                  shift: float = 1.0, batch_size: int = 64, metric: str = "dense_score", stop_margin: float | None = None,
                  restore_best: bool = False, final_n_samples: int | None = None, final_seed: int = 2,
-                 run_dir: str | Path | None = None):
+                 run_dir: str | Path | None = None, categories: list[str] | None = None):
         checks = {"n_samples": n_samples >= 0, "every": every >= 0, "seed": seed >= 0, "num_steps": num_steps >= 1, "guidance": guidance >= 1,
                   "shift": shift > 0, "batch_size": batch_size >= 1, "metric": metric in METRICS,
                   "stop_margin": stop_margin is None or stop_margin > 0,
@@ -90,6 +93,7 @@ class HeldoutEval(Callback):
         self.num_steps, self.guidance, self.shift, self.batch_size = num_steps, guidance, shift, batch_size
         self.final_n_samples, self.final_seed, self.restore_best = final_n_samples, final_seed, restore_best
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.categories = None if categories is None else list(check_categories(categories, "heldout.categories"))
         self.base: dict | None = None  # the base policy's evaluation
         self.best: tuple[float, int] | None = None  # (score, step); step 0 = the base
         self.latest: dict | None = None  # the last evaluation, with its step and gains
@@ -109,14 +113,15 @@ class HeldoutEval(Callback):
         n, seed = (self.final_n_samples, self.final_seed) if final else (self.n_samples, self.seed)
         return {"source": "policy", "n_samples": n, "seed": seed, "split": "heldout",
                 "resolution": policy.sample_shape[-1], "num_steps": self.num_steps, "guidance": self.guidance,
-                "shift": self.shift, "noise_level": 0.0, "batch_size": self.batch_size}
+                "shift": self.shift, "noise_level": 0.0, "batch_size": self.batch_size,
+                **({"categories": self.categories} if self.categories is not None else {})}
 
     def evaluate(self, policy, final: bool = False) -> dict:
         """Scores of `policy` on the held-out prompts (the verdict's set if `final`); the global
         random state is left untouched, so evaluating does not change training (exact resume
         holds whenever it runs)."""
         args = self.args(policy, final)
-        prompts = eval_prompts(args["n_samples"], args["seed"])
+        prompts = eval_prompts(args["n_samples"], args["seed"], categories=self.categories)
         training = policy.training
         policy.eval()
         label = "held-out verdict" if final else "held-out evaluation"

@@ -7,7 +7,7 @@ same prompts and the same initial noise, whatever the policy: that is what lets
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -19,15 +19,25 @@ from jagg_lab.worlds.shapes import CATEGORIES, sample_prompt
 __all__ = ["eval_categories", "eval_prompts", "sample_images"]
 
 
-def eval_categories(n: int) -> list[str]:
-    """The category of each of `eval_prompts`' n prompts: the categories in turn, so each gets n / 6."""
-    return [CATEGORIES[i % len(CATEGORIES)] for i in range(n)]
+def eval_categories(n: int, categories: Sequence[str] | None = None) -> list[str]:
+    """The category of each of `eval_prompts`' n prompts: the categories (default: all six) in
+    turn, so each gets an equal share."""
+    categories = check_categories(categories, "categories") if categories is not None else CATEGORIES
+    return [categories[i % len(categories)] for i in range(n)]
 
 
-def eval_prompts(n: int, seed: int, split: str = "heldout") -> list[str]:
-    """n prompts of the categories `eval_categories(n)`, deterministic in seed."""
+def check_categories(categories: Sequence[str], key: str) -> tuple[str, ...]:
+    """A non-empty list of shapes categories, or ValueError naming `key`."""
+    unknown = [c for c in categories if c not in CATEGORIES]
+    if unknown or not categories:
+        raise ValueError(f"{key} must be a non-empty list from {list(CATEGORIES)}, got {list(categories)}")
+    return tuple(categories)
+
+
+def eval_prompts(n: int, seed: int, split: str = "heldout", categories: Sequence[str] | None = None) -> list[str]:
+    """n prompts of the categories `eval_categories(n, categories)`, deterministic in seed."""
     rng = np.random.default_rng(seed)
-    return [sample_prompt(rng, split, category) for category in eval_categories(n)]
+    return [sample_prompt(rng, split, category) for category in eval_categories(n, categories)]
 
 
 @torch.inference_mode()
