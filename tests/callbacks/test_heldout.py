@@ -55,3 +55,14 @@ def test_zero_samples_mean_off_for_the_periodic_evaluation_and_the_verdict_alike
     assert heldout.final_base is None
     with pytest.raises(ValueError, match=r"heldout.final_n_samples = -1 is invalid"):
         HeldoutEval(final_n_samples=-1)
+
+
+def test_a_category_task_is_evaluated_on_its_own_prompts_and_never_read_from_the_stored_set(shipped):
+    """heldout.categories: the prompts are those categories' in turn; the base's stored verdict
+    (all six categories) is not its evaluation."""
+    heldout = HeldoutEval(final_n_samples=2048, final_seed=2, categories=["counting"])
+    args = heldout.args(shipped, final=True)
+    assert args["categories"] == ["counting"] and stored_evaluation(shipped, args) is None
+    assert "categories" not in HeldoutEval(final_n_samples=2048, final_seed=2).args(shipped, final=True)  # unchanged
+    with pytest.raises(ValueError, match="heldout.categories"):
+        HeldoutEval(categories=["counting", "shading"])

@@ -36,6 +36,16 @@ def test_evaluate_policy_writes_scores_per_category(tmp_path):
         "single_object", "two_objects", "counting", "colors", "position", "color_attr"}
 
 
+def test_evaluate_categories_picks_the_prompts_of_those_categories(tmp_path, capsys):
+    out = tmp_path / "counting.json"
+    assert evaluate.main(["source=ground_truth", "n_samples=8", "seed=3", "categories=[counting,colors]", f"out={out}"]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["per_category"]) == {"counting", "colors"} and result["per_category"]["counting"]["n"] == 4
+    assert eval_prompts(8, 3, categories=["counting", "colors"]) == eval_prompts(8, 3, categories=["counting", "colors"])
+    assert evaluate.main(["categories=[shading]"]) == 2
+    assert "categories" in capsys.readouterr().err
+
+
 def test_evaluate_rejects_unknown_keys_and_sources(capsys):
     assert evaluate.main(["bogus=1"]) == 2
     assert "bogus" in capsys.readouterr().err
