@@ -322,10 +322,16 @@ def policy_fingerprint(policy: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def stored_name(policy: torch.nn.Module, args: dict) -> str:
+    """<fingerprint>_n<n_samples>_seed<seed>[_<categories>].json: a category task's own file."""
+    categories = "".join(f"_{c}" for c in args.get("categories") or ())
+    return f"{policy_fingerprint(policy)}_n{args['n_samples']}_seed{args['seed']}{categories}.json"
+
+
 def stored_evaluation(policy: torch.nn.Module, args: dict, directory: Path = STORED) -> dict | None:
     """A stored held-out evaluation of exactly these weights with exactly these settings, or None.
-    Files: DIRECTORY/<fingerprint>_n<n_samples>_seed<seed>.json, as `HeldoutEval.evaluate` returns."""
-    path = directory / f"{policy_fingerprint(policy)}_n{args['n_samples']}_seed{args['seed']}.json"
+    Files: DIRECTORY/`stored_name(policy, args)`, as `HeldoutEval.evaluate` returns."""
+    path = directory / stored_name(policy, args)
     if not path.is_file():
         return None
     stored = json.loads(path.read_text())
