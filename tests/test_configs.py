@@ -136,3 +136,18 @@ def test_a_run_directory_that_holds_a_run_is_never_reused(hydra_cfg, tmp_path):
     with pytest.raises(ConfigError, match="already holds a run"):
         build(hydra_cfg(["policy=dit_xs"]), run_dir)
     assert (run_dir / "metrics.csv").read_text() == "step\n1\n"
+
+
+@pytest.mark.parametrize("cell", sorted(p.stem for p in Path(CONF_DIR, "screen").glob("*.yaml")))
+def test_every_learning_screen_cell_composes_and_builds(hydra_cfg, cell, tmp_path):
+    cfg = hydra_cfg(["+experiment=screen_learning", f"+screen={cell}", "policy=dit_xs"])
+    build(cfg, tmp_path / "run")
+    assert cfg.trainer.max_steps == 40 and cfg.heldout.n_samples == 256
+
+
+def test_the_counting_task_trains_and_grades_on_counting_prompts(hydra_cfg, tmp_path):
+    cfg = hydra_cfg(["+experiment=subsample_w6", "+task=counting", "policy=dit_xs"])
+    module, data, trainer = build(cfg, tmp_path / "run")
+    assert {m["category"] for m in next(iter(data.train_dataloader()))["metadata"]} == {"counting"}
+    heldout = next(c for c in trainer.callbacks if type(c).__name__ == "HeldoutEval")
+    assert heldout.categories == ["counting"]
