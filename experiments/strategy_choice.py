@@ -25,7 +25,9 @@ draws its runs made, not those of the timed rounds), the curve's time axis, and 
 comparison: each arm's last curve point against the reference's curve at the same cumulative
 gradient-phase seconds (interpolated linearly in steps between its scored points, through the
 base at step 0). Writes `OUT/choice.{json,md}` and
-`OUT/gain_vs_cost.png` (the curves); OUT is never overwritten.
+`OUT/gain_vs_cost.png` (the curves); OUT is never overwritten. category: every comparison on the
+verdict set's samples of that shapes category only (e.g. counting, where GRPO's gain concentrates);
+the curves, measured on every category, are then left out.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import json
 import statistics
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import matplotlib
@@ -43,7 +46,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from default_gain import gradient_phase  # noqa: E402  (experiments/ is this script's directory)
 from jagg_lab import cli  # noqa: E402
-from jagg_lab.evaluation import paired_gain  # noqa: E402
+from jagg_lab.evaluation import eval_categories, paired_gain  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 
@@ -56,6 +59,7 @@ class Args:
     timing: str | None = None  # a `bench arms` report: gradient-phase seconds per step of each arm, timed side by side
     curve_base: str | None = None  # the base on the curve set: each final's eval_curve.json (next to it) becomes a curve point
     reference: str = "full"  # the arm the others are measured against
+    category: str | None = None  # compare on the verdict set's samples of this shapes category only (no curves)
     out: str = "outputs/choice"  # never overwritten
 
 
@@ -84,9 +88,10 @@ def choose(args: Args) -> None:
         raise FileNotFoundError(f"finals: nothing matches {empty}")
     if out.exists():
         raise FileExistsError(f"out: {out} exists; choose a new directory")
-    base = json.loads(Path(args.base).read_text())
+    load = partial(_load, category=args.category)
+    base = load(args.base)
     curve_base = None
-    if args.curve_base is not None:
+    if args.curve_base is not None and args.category is None:  # the curves are of every category: left out
         if not Path(args.curve_base).is_file():
             raise FileNotFoundError(f"curve_base: no such file {args.curve_base}")
         curve_base = json.loads(Path(args.curve_base).read_text())
@@ -105,7 +110,7 @@ def choose(args: Args) -> None:
     seconds = {name: per_item[name][0] * items[name] if name in items else per_item[name][1] for name in per_item}
     arms = []
     for name, paths in files.items():
-        runs = [{"evaluation": p, **{k: v for k, v in paired_gain(json.loads(Path(p).read_text()), base).items()
+        runs = [{"evaluation": p, **{k: v for k, v in paired_gain(load(p), base).items()
                                       if k != "per_category"}} for p in paths]
         (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in runs]), _spread([r["dense_gain"] for r in runs])
         arms.append({"arm": name, "seeds": len(runs), "items_per_step": items.get(name),
@@ -121,10 +126,10 @@ def choose(args: Args) -> None:
             std = ref[f"{metric}_gain_std"]
             arm[f"{metric}_vs_reference_in_std"] = (arm[f"{metric}_gain_mean"] - ref[f"{metric}_gain_mean"]) / std if std > 0 else float("nan")
 
-    paired = _paired_arms(files, args.reference)
+    paired = _paired_arms(files, args.reference, load)
 
     curve: dict[tuple[str, int], dict] = {}  # (arm, steps) -> {seed: scored point}; a point found twice counts once
-    for result in gain_files:
+    for result in gain_files if args.category is None else []:
         for row in result["checkpoints"]:
             curve.setdefault((row["arm"], row["steps"]), {})[row["seed"]] = row
     for (name, steps, seed), row in _run_curve_points(files, curve_base).items():
@@ -142,7 +147,7 @@ def choose(args: Args) -> None:
     n_final = base.get("n_samples")
     n_curve = {r["args"].get("curve_n_eval") or r["args"]["n_eval"] for r in gain_files} | (
         {curve_base["n_samples"]} if curve_base else set())
-    lines = [f"Final policies on the verdict set (n = {n_final}), gain over the base: mean +- std over training seeds; "
+    lines = [f"Final policies on the verdict set (n = {n_final}{f', its {args.category} samples' if args.category else ''}), gain over the base: mean +- std over training seeds; "
              f"'vs {args.reference}' = (mean - {args.reference}'s mean) / {args.reference}'s seed std", "",
              "| arm | seeds | backward items / step | x " + args.reference + " | gradient s / step | x " + args.reference
              + " | strict gain | vs " + args.reference + " | dense gain | vs " + args.reference + " |",
@@ -156,7 +161,7 @@ def choose(args: Args) -> None:
               "", f"| arm | strict vs {args.reference} | z | dense vs {args.reference} | z |", "|---|---|---|---|---|"]
     lines += [f"| {r['arm']} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} | {_z(r, 'strict')} "
               f"| {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} | {_z(r, 'dense')} |" for r in paired]
-    lines += ["", f"Curves (scored checkpoints and final policies, n = {', '.join(str(n) for n in sorted(n_curve))}): "
+    lines += [] if args.category else ["", f"Curves (scored checkpoints and final policies, n = {', '.join(str(n) for n in sorted(n_curve))}): "
               "gain against optimizer steps, cumulative backward items and cumulative gradient-phase seconds", "",
               "| arm | steps | backward items | gradient s | seeds | strict gain | dense gain |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['arm']} | {r['steps']} | {_num(r['items'])} | {_num(r['gradient_s'], '.0f')} | {r['seeds']} "
@@ -184,20 +189,37 @@ def choose(args: Args) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-def _seed_mean(paths: list[str]) -> dict:
+def _load(path: str, category: str | None = None) -> dict:
+    """An evaluation; with `category`, only its samples of that category (the prompts'
+    categories follow `eval_categories`), its scores recomputed on them."""
+    result = json.loads(Path(path).read_text())
+    if category is None:
+        return result
+    args = result.get("args", {})
+    labels = eval_categories(len(result["per_sample"]["strict"]), args.get("categories"))
+    keep = [i for i, label in enumerate(labels) if label == category]
+    if not keep:
+        raise ValueError(f"category: {path} holds no {category!r} samples")
+    per_sample = {key: [result["per_sample"][key][i] for i in keep] for key in ("strict", "dense")}
+    return {**result, "args": {**args, "categories": [category]}, "n_samples": len(keep),
+            "strict_accuracy": statistics.fmean(per_sample["strict"]), "dense_score": statistics.fmean(per_sample["dense"]),
+            "per_sample": per_sample}
+
+
+def _seed_mean(paths: list[str], load=_load) -> dict:
     """An arm's evaluations as one: per-sample scores averaged over its seeds (same samples)."""
-    results = [json.loads(Path(p).read_text()) for p in paths]
+    results = [load(p) for p in paths]
     per_sample = {key: [statistics.fmean(scores) for scores in zip(*(r["per_sample"][key] for r in results), strict=True)]
                   for key in ("strict", "dense")}
     return {"args": results[0].get("args", {}), "strict_accuracy": statistics.fmean(per_sample["strict"]),
             "dense_score": statistics.fmean(per_sample["dense"]), "per_sample": per_sample}
 
 
-def _paired_arms(files: dict[str, list[str]], reference: str) -> list[dict]:
+def _paired_arms(files: dict[str, list[str]], reference: str, load=_load) -> list[dict]:
     """Each arm against the reference sample by sample (both averaged over their seeds): the
     paired test that the seed-std distance alone cannot give."""
-    ref = _seed_mean(files[reference])
-    return [{"arm": name, **{k: v for k, v in paired_gain(_seed_mean(paths), ref).items() if k != "per_category"}}
+    ref = _seed_mean(files[reference], load)
+    return [{"arm": name, **{k: v for k, v in paired_gain(_seed_mean(paths, load), ref).items() if k != "per_category"}}
             for name, paths in files.items() if name != reference]
 
 

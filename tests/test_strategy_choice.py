@@ -150,3 +150,25 @@ def test_the_paired_test_averages_each_arm_over_its_seeds_sample_by_sample(tmp_p
     diffs = [d - 0.7 for d in other[0]]  # full's seeds average 0.7 on every sample
     assert paired["dense_gain"] == pytest.approx(statistics.fmean(diffs))
     assert paired["dense_gain_se"] == pytest.approx(statistics.stdev(diffs) / 6 ** 0.5)
+
+
+def test_a_category_restricts_every_comparison_to_its_samples(tmp_path):
+    """category=: the verdict set's samples of that category only (prompts cycle through the six
+    categories: samples 2 and 8 of 12 are counting's)."""
+    args = {**ARGS, "n_samples": 12}
+    base = {"args": {**args, "checkpoint": "shipped"}, "n_samples": 12, "strict_accuracy": 0.0, "dense_score": 0.0,
+            "per_sample": {"strict": [0] * 12, "dense": [0.0] * 12}}
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    for seed in (0, 1):
+        strict = [0] * 12
+        strict[2] = 1  # a counting sample right in both seeds, one other sample in seed 1
+        strict[3] = seed
+        (tmp_path / f"full_seed{seed}.json").write_text(json.dumps(
+            {**base, "args": {**args, "checkpoint": "full"}, "strict_accuracy": sum(strict) / 12, "per_sample": {"strict": strict, "dense": [0.0] * 12}}))
+    out = tmp_path / "choice"
+    proc = subprocess.run([sys.executable, "experiments/strategy_choice.py", f"base={tmp_path / 'base.json'}", "category=counting",
+                           f"finals=[full={tmp_path}/full_seed*.json]", f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    arm = json.loads((out / "choice.json").read_text())["arms"][0]
+    assert arm["strict_gain_mean"] == pytest.approx(0.5) and arm["strict_gain_std"] == 0  # 1 of 2 counting samples, both seeds
+    assert "its counting samples" in (out / "choice.md").read_text()

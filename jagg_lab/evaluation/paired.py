@@ -28,7 +28,7 @@ def paired_gain(result: dict, reference: dict) -> dict:
         raise ValueError(f"evaluations are not on the same prompts and noise: {', '.join(f'{k} {args.get(k)!r} vs {ref_args.get(k)!r}' for k in differ)}")
     diffs = {key: [a - b for a, b in zip(result["per_sample"][key], reference["per_sample"][key], strict=True)]
              for key in ("strict", "dense")}
-    categories = eval_categories(len(diffs["strict"]))
+    categories = eval_categories(len(diffs["strict"]), ref_args.get("categories"))
     per_category = {category: _gains({key: [d for d, c in zip(diff, categories) if c == category] for key, diff in diffs.items()})
                     for category in dict.fromkeys(categories)}
     return {"strict_accuracy": result["strict_accuracy"], "dense_score": result["dense_score"], **_gains(diffs),
