@@ -7,7 +7,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from jagg_lab.callbacks.heldout import STORED, HeldoutEval, policy_fingerprint, stored_evaluation
+from jagg_lab.callbacks.heldout import STORED, HeldoutEval, policy_fingerprint, stored_evaluation, stored_name
 from tests.test_train_cli import REPO
 
 
@@ -25,7 +25,7 @@ def test_the_shipped_base_has_a_stored_verdict_set_and_fresh_scores_match_it(shi
         stored = json.loads(path.read_text())
         args = stored["args"]
         heldout = HeldoutEval(n_samples=64, seed=args["seed"], num_steps=args["num_steps"], guidance=args["guidance"],
-                              shift=args["shift"], batch_size=args["batch_size"])
+                              shift=args["shift"], batch_size=args["batch_size"], categories=args.get("categories"))
         fresh = heldout.evaluate(shipped)  # the stored set's first batch: same prompts, same noise
         assert fresh["per_sample"]["strict"] == stored["per_sample"]["strict"][:64]
         assert fresh["per_sample"]["dense"] == pytest.approx(stored["per_sample"]["dense"][:64], abs=1e-6)
@@ -57,12 +57,14 @@ def test_zero_samples_mean_off_for_the_periodic_evaluation_and_the_verdict_alike
         HeldoutEval(final_n_samples=-1)
 
 
-def test_a_category_task_is_evaluated_on_its_own_prompts_and_never_read_from_the_stored_set(shipped):
-    """heldout.categories: the prompts are those categories' in turn; the base's stored verdict
-    (all six categories) is not its evaluation."""
+def test_a_category_task_reads_its_own_stored_verdict_never_the_six_category_one(shipped):
+    """heldout.categories: the prompts are those categories' in turn; the base's stored verdict of
+    all six categories is not its evaluation (a category task's has its own file)."""
     heldout = HeldoutEval(final_n_samples=2048, final_seed=2, categories=["counting"])
     args = heldout.args(shipped, final=True)
-    assert args["categories"] == ["counting"] and stored_evaluation(shipped, args) is None
+    assert args["categories"] == ["counting"] and stored_name(shipped, args).endswith("_n2048_seed2_counting.json")
+    assert stored_evaluation(shipped, args)["args"]["categories"] == ["counting"]
+    assert stored_evaluation(shipped, {**args, "categories": ["colors"]}) is None
     assert "categories" not in HeldoutEval(final_n_samples=2048, final_seed=2).args(shipped, final=True)  # unchanged
     with pytest.raises(ValueError, match="heldout.categories"):
         HeldoutEval(categories=["counting", "shading"])
