@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-__all__ = ["Cond", "index_cond", "cat_cond", "expand_cond", "ODEPhase", "Rollout"]
+__all__ = ["Cond", "index_cond", "cat_cond", "expand_cond", "training_copy", "ODEPhase", "Rollout"]
 
 # A prompt conditioning: a dict of batch-first tensors. The tiny DiT uses
 # {"tokens": (B, L, D), "pooled": (B, D)}; diffusers adapters carry their own keys.
@@ -27,6 +27,19 @@ def cat_cond(*conds: Cond) -> Cond:
 def expand_cond(cond: Cond, batch: int) -> Cond:
     """Broadcast a batch-1 conditioning (the null prompt) to `batch` rows."""
     return {k: v.expand(batch, *v.shape[1:]) for k, v in cond.items()}
+
+
+def training_copy(record):
+    """A dataclass `record` with its tensors (and dicts of tensors) cloned: copies made outside
+    inference mode, so autograd may save them for backward."""
+    def clone(value):
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, dict):
+            return {k: v.clone() for k, v in value.items()}
+        return value
+
+    return replace(record, **{f.name: clone(getattr(record, f.name)) for f in fields(record)})
 
 
 @dataclass(frozen=True)
@@ -73,11 +86,4 @@ class Rollout:
 
     def for_training(self) -> "Rollout":
         """Copies made outside inference mode, so autograd may save them for backward."""
-        def clone(value):
-            if isinstance(value, torch.Tensor):
-                return value.clone()
-            if isinstance(value, dict):
-                return {k: v.clone() for k, v in value.items()}
-            return value
-
-        return replace(self, **{f.name: clone(getattr(self, f.name)) for f in fields(self)})
+        return training_copy(self)

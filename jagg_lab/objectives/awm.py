@@ -17,6 +17,7 @@ are stratified over the rollout grid's indices: K strata of [first, int(T * max_
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -119,7 +120,7 @@ class AWM(ForwardObjective):
                     x, s, target = self._state(samples, idx, j)
                     old[idx, j] = awm_log_prob(self.velocity(policy, samples, idx, x, s), target, s, self.weighting,
                                                self.power)
-        return Samples(**{**samples.__dict__, "old_log_probs": old})
+        return replace(samples, old_log_probs=old)
 
     def state_loss(self, policy, params, samples, idx, j, weights, on_policy) -> tuple[torch.Tensor, StepStats, int]:
         x, s, target = self._state(samples, idx, j)

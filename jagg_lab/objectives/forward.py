@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 from jagg_lab.grpo.loss import StepStats
 from jagg_lab.policies.base import guided_velocity_fn
 from jagg_lab.sampling.rollout import ODE_SOLVERS, ode_integrate
-from jagg_lab.types import Cond, index_cond
+from jagg_lab.types import Cond, index_cond, training_copy
 
 __all__ = ["Samples", "SoftCopy", "ForwardObjective", "soft_update_rate", "noised", "trajectory_settings_used"]
 
@@ -46,14 +46,7 @@ class Samples:
 
     def for_training(self) -> "Samples":
         """Copies made outside inference mode, so autograd may save them for backward."""
-        def clone(value):
-            if isinstance(value, torch.Tensor):
-                return value.clone()
-            if isinstance(value, dict):
-                return {k: v.clone() for k, v in value.items()}
-            return value
-
-        return replace(self, **{f.name: clone(getattr(self, f.name)) for f in fields(self)})
+        return training_copy(self)
 
 
 def noised(x0: torch.Tensor, noise: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
