@@ -242,12 +242,17 @@ def mean_std_table(groups: pd.DataFrame, columns: Iterable[str], digits: int = 3
 
 def _cell(value: Any, digits: int) -> str:
     if isinstance(value, float):
-        return "-" if math.isnan(value) else f"{value:.{digits}f}"
+        if math.isnan(value):
+            return "-"
+        if 0 < abs(value) < 0.01:  # a learning rate or a KL weight keeps its digits (5e-05, not 0.0001)
+            return f"{value:.{digits}g}"
+        return f"{value:.{digits}f}"
     return "-" if value is None else str(value).replace("|", "\\|")
 
 
 def markdown_table(table: pd.DataFrame, digits: int = 4) -> str:
-    """A GitHub Markdown table (floats with `digits` decimals, NaN as '-')."""
+    """A GitHub Markdown table (floats with `digits` decimals, or `digits` significant digits
+    below 0.01; NaN as '-')."""
     lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
     for row in table.itertuples(index=False):
         lines.append("| " + " | ".join(_cell(v, digits) for v in row) + " |")

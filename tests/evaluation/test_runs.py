@@ -4,7 +4,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jagg_lab.evaluation.runs import aggregate, load_run, summarize
+from jagg_lab.evaluation.runs import aggregate, load_run, markdown_table, summarize
 
 
 def fake_run(path: Path, seed: int, window: int, rewards: list[float], gradient_s: list[float], cosines=None) -> Path:
@@ -65,3 +65,10 @@ def test_heldout_evaluations_and_the_verdict_are_summarised_and_plotted(tmp_path
     groups = pd.read_csv(out / "groups.csv")
     assert groups["verdict_strict_gain_mean"][0] == pytest.approx(0.015) and groups["heldout_best_step_mean"][0] == 75
     assert (out / "heldout_vs_step.png").stat().st_size > 0
+
+
+def test_markdown_table_keeps_small_values_apart():
+    # a learning-rate column: 5e-05 and 1e-4 must not both print as 0.0001
+    table = pd.DataFrame({"lr": [5e-05, 1e-4, 0.5], "kl": [0.0, float("nan"), 0.0055123]})
+    rows = markdown_table(table).splitlines()[2:]
+    assert rows == ["| 5e-05 | 0.0000 |", "| 0.0001 | - |", "| 0.5000 | 0.005512 |"]
