@@ -44,6 +44,7 @@ from jagg_lab.bench.common import (
     write_json,
 )
 from jagg_lab.bench.report import markdown_table
+from jagg_lab.objectives import ForwardObjective, trajectory_settings_used
 
 __all__ = ["ArmsArgs", "SHARED", "bench_arms", "main"]
 
@@ -104,6 +105,10 @@ def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
                              f", grpo.window_size={cfg.grpo.get('window_size')}): "
                              + ("time it with bench step" if not own_rollouts else
                                 "the first experiment sets the shared rollout: put a trajectory experiment first"))
+        objective = instantiate(cfg.objective) if cfg.get("objective") else None
+        problems = trajectory_settings_used(cfg, objective.name) if isinstance(objective, ForwardObjective) else []
+        if problems:  # what training refuses, the benchmark refuses too, before any model is built
+            raise ValueError(f"experiments: {name}: " + "; ".join(problems))
     for name in rest:
         for group in SHARED:
             a, b = (OmegaConf.to_container(configs[n][group], resolve=True) for n in (first, name))
