@@ -24,7 +24,9 @@ backward items per step at the timed seconds per item, so a drawing strategy is 
 draws its runs made, not those of the timed rounds), the curve's time axis, and the equal-time
 comparison: each arm's last curve point against the reference's curve at the same cumulative
 gradient-phase seconds (interpolated linearly in steps between its scored points, through the
-base at step 0). Writes `OUT/choice.{json,md}` and
+base at step 0). timing_more: further `bench arms` reports for arms `timing` did not time, each
+of which timed the reference too: an arm's seconds there are its ratio to that report's reference,
+times the reference's seconds in `timing`. Writes `OUT/choice.{json,md}` and
 `OUT/gain_vs_cost.png` (the curves); OUT is never overwritten. category: every comparison on the
 verdict set's samples of that shapes category only (e.g. counting, where GRPO's gain concentrates);
 the curves, measured on every category, are then left out.
@@ -57,6 +59,7 @@ class Args:
     gains: list[str] = field(default_factory=list)  # default_gain.py gain.json files: curves, items per step
     items: list[str] = field(default_factory=list)  # NAME=N backward items per optimizer step, where gains lack them
     timing: str | None = None  # a `bench arms` report: gradient-phase seconds per step of each arm, timed side by side
+    timing_more: list[str] = field(default_factory=list)  # further `bench arms` reports, for arms `timing` did not time
     curve_base: str | None = None  # the base on the curve set: each final's eval_curve.json (next to it) becomes a curve point
     reference: str = "full"  # the arm the others are measured against
     category: str | None = None  # compare on the verdict set's samples of this shapes category only (no curves)
@@ -96,6 +99,13 @@ def choose(args: Args) -> None:
             raise FileNotFoundError(f"curve_base: no such file {args.curve_base}")
         curve_base = json.loads(Path(args.curve_base).read_text())
     per_item = _timing(args.timing, files, args.reference)
+    for path in args.timing_more:  # an arm's ratio to the reference, timed side by side there, at timing's reference seconds
+        if args.timing is None:
+            raise ValueError("timing_more: give the first report as timing=")
+        more = _timing(path, files, args.reference)
+        scale = per_item[args.reference][1] / more[args.reference][1]
+        for name, (item_s, step_s) in more.items():
+            per_item.setdefault(name, (item_s * scale, step_s * scale))
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
     for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
         recorded = [gradient_phase(Path(p).parent)["backward_items"] for p in paths if (Path(p).parent / "metrics.csv").is_file()]

@@ -172,3 +172,30 @@ def test_a_category_restricts_every_comparison_to_its_samples(tmp_path):
     arm = json.loads((out / "choice.json").read_text())["arms"][0]
     assert arm["strict_gain_mean"] == pytest.approx(0.5) and arm["strict_gain_std"] == 0  # 1 of 2 counting samples, both seeds
     assert "its counting samples" in (out / "choice.md").read_text()
+
+
+def test_timing_more_adds_arms_at_their_ratio_to_the_reference(tmp_path):
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(evaluation([0] * 6, [0.5] * 6, "shipped")))
+    for arm in ("full", "cheap", "late"):
+        (tmp_path / f"{arm}.json").write_text(json.dumps(evaluation([1, 0, 0, 0, 0, 0], [0.6] * 6, arm)))
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps({"setting": {}, "rows": [{"experiment": "full", "gradient_s": 4.0, "backward_items": 12},
+                                                         {"experiment": "cheap", "gradient_s": 2.0, "backward_items": 6}]}))
+    # a later report on a slower machine: full 8 s, cheap 3 s (ignored: the first report timed it), late 2 s
+    second.write_text(json.dumps({"setting": {}, "rows": [{"experiment": "full", "gradient_s": 8.0, "backward_items": 12},
+                                                          {"experiment": "cheap", "gradient_s": 3.0, "backward_items": 6},
+                                                          {"experiment": "late", "gradient_s": 2.0, "backward_items": 4}]}))
+    out = tmp_path / "choice"
+    cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
+           f"finals=[full={tmp_path}/full.json,cheap={tmp_path}/cheap.json,late={tmp_path}/late.json]",
+           "items=[full=12,cheap=6,late=4]", f"timing={first}", f"timing_more=[{second}]", f"out={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    arms = {a["arm"]: a for a in json.loads((out / "choice.json").read_text())["arms"]}
+    assert arms["cheap"]["time_vs_reference"] == pytest.approx(0.5)  # the first report's own ratio
+    assert arms["late"]["time_vs_reference"] == pytest.approx(0.25) and arms["late"]["gradient_s_per_step"] == pytest.approx(1.0)
+    assert "Not in the timing report" not in (out / "choice.md").read_text()
+    alone = subprocess.run([*cmd[:4], f"timing_more=[{second}]", f"out={tmp_path}/other"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert alone.returncode != 0 and "timing_more" in alone.stderr and not (tmp_path / "other").exists()
