@@ -8,7 +8,8 @@ their mean (per-sample scores averaged over the evaluations, e.g. over the train
 one experiment). The evaluations must
 share every evaluate setting but those naming the policy or the outputs (`checkpoint`, `size`,
 `run`, `device`, `out`, `grid`: jagg_lab.evaluation.PAIRING_FREE); anything else is an error
-that names the differing keys. `out` (never overwritten) gets the rows as JSON.
+that names the differing keys. A training run's verdict file (`heldout_final.json`) may stand for
+an evaluation: its final policy's scores are read. `out` (never overwritten) gets the rows as JSON.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def load(path: str) -> dict:
     if not Path(path).is_file():
         raise FileNotFoundError(f"no evaluation at {path} (write one with python -m jagg_lab.evaluate ... out={path})")
     result = json.loads(Path(path).read_text())
+    if "per_sample" not in result and "per_sample" in result.get("final", {}):
+        result = result["final"]  # a training run's verdict (heldout_final.json): its final policy's evaluation
     if "per_sample" not in result:
         raise ValueError(f"{path} holds no per-sample scores; evaluate it again with the current jagg_lab.evaluate")
     return result

@@ -47,6 +47,7 @@ matplotlib.use("Agg")  # files only: runs headless
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from default_gain import gradient_phase  # noqa: E402  (experiments/ is this script's directory)
+from paired import load as load_evaluation  # noqa: E402
 from jagg_lab import cli  # noqa: E402
 from jagg_lab.evaluation import eval_categories, paired_gain  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -202,7 +203,7 @@ def choose(args: Args) -> None:
 def _load(path: str, category: str | None = None) -> dict:
     """An evaluation; with `category`, only its samples of that category (the prompts'
     categories follow `eval_categories`), its scores recomputed on them."""
-    result = json.loads(Path(path).read_text())
+    result = load_evaluation(path)
     if category is None:
         return result
     args = result.get("args", {})

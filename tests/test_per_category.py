@@ -21,7 +21,10 @@ def run(tmp_path, *argv):
 def test_per_category_gains_over_seeds(tmp_path):
     (tmp_path / "base.json").write_text(json.dumps(evaluation({"counting": 0.5, "position": 0.0})))
     for seed, (counting, position) in enumerate([(0.7, 0.0), (0.9, 0.5)]):
-        (tmp_path / f"arm_seed{seed}.json").write_text(json.dumps(evaluation({"counting": counting, "position": position})))
+        final = evaluation({"counting": counting, "position": position})
+        # seed 1 as a training run's verdict file leaves it: heldout_final.json, the evaluation under "final"
+        content = final if seed == 0 else {"step": 100, "final": final, "base": evaluation({"counting": 0.5, "position": 0.0})}
+        (tmp_path / f"arm_seed{seed}.json").write_text(json.dumps(content))
     out = tmp_path / "out.json"
     proc = run(tmp_path, f"base={tmp_path / 'base.json'}", f"finals=[arm={tmp_path}/arm_seed*.json]", f"out={out}")
     assert proc.returncode == 0, proc.stderr
