@@ -22,6 +22,9 @@ Columns (mean ± sample std over seeds; the base row is the policy before traini
   steps, the run's CFG scale and shift) for `n_eval` held-out prompts (`eval_seed`);
 - `fid`, `kid`: FID and KID (mean over subsets) of those samples against `n_eval` fresh
   ground-truth renders of held-out prompts (`reference_seed`), on the shapes feature network;
+- `strict_<category>`, `dense_<category>` (`category`, counting by default): the same scores on
+  that category's evaluation prompts alone, where GRPO's gain on the shapes task concentrates
+  (docs/results/learning.md); `category=null` leaves them out;
 - `kl_to_base`: KL(trained || base) per dimension, averaged over the steps of the trained
   policy's SDE trajectories (the training sampler) on the first `n_kl` evaluation prompts
   (jagg_lab/evaluation/kl.py);
@@ -52,6 +55,7 @@ import torch
 from collate import collate  # experiments/collate.py: this script's directory is on sys.path
 from jagg_lab import cli
 from jagg_lab.evaluation import policy_quality, reference_images, run_policies
+from jagg_lab.evaluation.samples import check_categories, eval_categories
 from jagg_lab.evaluation.runs import aggregate, equal_time, load_run, markdown_table, mean_std_table
 
 log = logging.getLogger("quality")
@@ -93,6 +97,7 @@ class Args:
     eval_seed: int = 1
     reference_seed: int = 2
     eval_steps: int = 20  # ODE steps for the verifier and FID/KID samples
+    category: str | None = "counting"  # also scored on this category's samples alone (null: the mix only)
     tail_frac: float = 0.2
     launcher: str | None = None  # hydra/launcher for training: null (sequential), local, slurm
     device: str = "cpu"  # where the evaluation runs (training: overrides=[trainer.accelerator=gpu])
@@ -116,6 +121,10 @@ def resolve(args: Args) -> Args:
         raise ValueError(f"steps must be >= 1 and diagnose_every >= 0, got {args.steps} and {args.diagnose_every}")
     if args.n_eval < 2 or not 1 <= args.n_kl <= args.n_eval:
         raise ValueError(f"need n_eval >= 2 (FID/KID) and 1 <= n_kl <= n_eval, got n_eval={args.n_eval}, n_kl={args.n_kl}")
+    if args.category is not None:
+        check_categories([args.category], "category")
+        if args.category not in eval_categories(args.n_eval):
+            raise ValueError(f"category={args.category}: none of the n_eval={args.n_eval} evaluation prompts is of it")
     return args
 
 
@@ -134,6 +143,21 @@ def train(args: Args, experiment: str, sweep_dir: Path) -> list[Path]:
     return [sweep_dir / f"seed{seed}" for seed in args.seeds]
 
 
+def _add_category(result: dict, category: str | None) -> None:
+    """The category's scores as top-level numbers (collate tabulates those as eval_* columns)."""
+    if category is not None:
+        scores = result["per_category"][category]
+        result.update({f"strict_{category}": scores["strict_accuracy"], f"dense_{category}": scores["dense_score"]})
+
+
+def columns(category: str | None) -> tuple[tuple[str, str], ...]:
+    """COLUMNS, with the category's strict and dense scores after the mix's."""
+    if category is None:
+        return COLUMNS
+    extra = ((f"strict_{category}", f"eval_strict_{category}"), (f"dense_{category}", f"eval_dense_{category}"))
+    return COLUMNS[:2] + extra + COLUMNS[2:]
+
+
 def evaluate_runs(args: Args, runs: dict[Path, str], out: Path) -> dict:
     """eval.json in every run; returns the base policy's evaluation (written to OUT/base_eval.json)."""
     references: dict[int, torch.Tensor] = {}  # ground-truth renders per resolution
@@ -149,26 +173,31 @@ def evaluate_runs(args: Args, runs: dict[Path, str], out: Path) -> dict:
         if base_result is None:  # the policy every run starts from (the first run's, for seeded random inits)
             base_result = {**policy_quality(base, None, sampler, references[resolution], **common), "kl_to_base": 0.0,
                            "settings": settings}
+            _add_category(base_result, args.category)
             (out / "base_eval.json").write_text(json.dumps(base_result, indent=2) + "\n")
         result = {**policy_quality(policy, base, sampler, references[resolution], **common), "settings": settings}
+        _add_category(result, args.category)
         (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
         log.info("%s: strict %.3f dense %.3f fid %.3f kl %.2e", run_dir.relative_to(out), result["strict_accuracy"],
                  result["dense_score"], result["fid"], result["kl_to_base"])
     return base_result
 
 
-def quality_table(table: pd.DataFrame, base: dict) -> pd.DataFrame:
-    """Mean and std over seeds per experiment, base first, columns renamed to COLUMNS."""
-    groups = aggregate(table, [source for _, source in COLUMNS])
+def quality_table(table: pd.DataFrame, base: dict, category: str | None = None) -> pd.DataFrame:
+    """Mean and std over seeds per experiment, base first, columns renamed to `columns(category)`."""
+    named = columns(category)
+    groups = aggregate(table, [source for _, source in named])
     rename = {"label": "experiment", "n_runs": "n_seeds"}
-    for name, source in COLUMNS:
+    for name, source in named:
         rename.update({f"{source}_mean": f"{name}_mean", f"{source}_std": f"{name}_std"})
     groups = groups.rename(columns=rename)
     base_row = {"experiment": "base", "n_seeds": 1, "strict_accuracy_mean": base["strict_accuracy"],
                 "dense_score_mean": base["dense_score"], "fid_mean": base["fid"], "kid_mean": base["kid_mean"],
                 "kl_to_base_mean": 0.0}
-    columns = ["experiment", "n_seeds", *(f"{name}_{stat}" for name, _ in COLUMNS for stat in ("mean", "std"))]
-    return pd.concat([pd.DataFrame([base_row]), groups], ignore_index=True).reindex(columns=columns)
+    if category is not None:
+        base_row.update({f"strict_{category}_mean": base[f"strict_{category}"], f"dense_{category}_mean": base[f"dense_{category}"]})
+    ordered = ["experiment", "n_seeds", *(f"{name}_{stat}" for name, _ in named for stat in ("mean", "std"))]
+    return pd.concat([pd.DataFrame([base_row]), groups], ignore_index=True).reindex(columns=ordered)
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
@@ -199,9 +228,9 @@ def make_table(args: Args) -> int:
     loaded = [load_run(run_dir) for run_dir in runs]
     at_time = equal_time(loaded)
     table, _ = collate(loaded, out, root=out, labels=runs, tail_frac=args.tail_frac, at_time=at_time)
-    quality = quality_table(table, base)
+    quality = quality_table(table, base, args.category)
     quality.to_csv(out / "quality.csv", index=False)
-    names = [name for name, _ in COLUMNS]
+    names = [name for name, _ in columns(args.category)]
     text = (f"Quality after {args.steps} optimizer steps; mean ± std over seeds {list(args.seeds)}; "
             f"reward_at_equal_time at {at_time:.1f} s of training.\n\n"
             + markdown_table(mean_std_table(quality, names, keep=("experiment", "n_seeds"))))

@@ -144,12 +144,17 @@ def test_quality_table_on_a_tiny_setting(tmp_path):
     table = pd.read_csv(out / "quality.csv").set_index("experiment")
     assert table.index.tolist() == ["base", "full", "jagg_w4"]
     assert table.loc["jagg_w4", "n_seeds"] == 2
-    for name in ("strict_accuracy", "dense_score", "fid", "kid", "kl_to_base", "reward_final", "reward_at_equal_time",
-                 "time_per_step_s", "backward_passes"):
+    for name in ("strict_accuracy", "dense_score", "strict_counting", "dense_counting", "fid", "kid", "kl_to_base",
+                 "reward_final", "reward_at_equal_time", "time_per_step_s", "backward_passes"):
         for experiment in ("full", "jagg_w4"):
             assert math.isfinite(table.loc[experiment, f"{name}_mean"]), (experiment, name)
             assert math.isfinite(table.loc[experiment, f"{name}_std"]), (experiment, name)
     assert table.loc["base", "kl_to_base_mean"] == 0 and table.loc["full", "kl_to_base_mean"] > 0
+    # the recipe's category, scored on its own samples (the 3rd of n_eval=4 prompts is counting's)
+    base_eval = json.loads((out / "base_eval.json").read_text())
+    assert table.loc["base", "strict_counting_mean"] == base_eval["per_category"]["counting"]["strict_accuracy"]
+    seed0 = json.loads((out / "runs" / "full" / "seed0" / "eval.json").read_text())
+    assert seed0["dense_counting"] == seed0["per_category"]["counting"]["dense_score"] == seed0["per_sample"]["dense"][2]
     assert -1 <= table.loc["jagg_w4", "grad_cosine_mean"] <= 1 and math.isnan(table.loc["full", "grad_cosine_mean"])
     assert table.loc["full", "backward_passes_mean"] == 6 and table.loc["jagg_w4", "backward_passes_mean"] == 2
     assert " ± " in (out / "quality.md").read_text()
@@ -166,6 +171,8 @@ def test_quality_table_on_a_tiny_setting(tmp_path):
     assert (out / "quality.csv").read_text() == before
 
 
-def test_quality_rejects_bad_arguments_before_writing(tmp_path):
-    proc = run_cmd("experiments/quality.py", "n_eval=8", "n_kl=9", f"out={tmp_path / 'q'}", check=False)
-    assert proc.returncode == 2 and "n_kl" in proc.stderr and not (tmp_path / "q").exists()
+@pytest.mark.parametrize("argv, key", [(["n_eval=8", "n_kl=9"], "n_kl"), (["category=counts"], "category"),
+                                       (["n_eval=2", "n_kl=1"], "category=counting")])
+def test_quality_rejects_bad_arguments_before_writing(tmp_path, argv, key):
+    proc = run_cmd("experiments/quality.py", *argv, f"out={tmp_path / 'q'}", check=False)
+    assert proc.returncode == 2 and key in proc.stderr and not (tmp_path / "q").exists()
