@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository
 RESULTS = "experiments/results"
 CHOICE = f"{RESULTS}/choice/table/choice.json"  # full, plain JAGG, jagg_cv, subsampling (experiments/strategy_choice.py)
 CHOICE_CAUSAL = f"{RESULTS}/choice_causal/table/choice.json"  # jagg_causal arms beside full and subsampling
+COUNTING = f"{RESULTS}/choice_counting/choice.json"  # every arm graded on the verdict set's counting samples
 SPEED = f"{RESULTS}/speed/speed.json"  # python -m jagg_lab.bench speed
 STEP_TAILS = f"{RESULTS}/step/default_tails.json"  # python -m jagg_lab.bench step, the default experiment's tails
 QUALITY = f"{RESULTS}/quality/quality.md"  # experiments/quality.py
@@ -41,6 +42,7 @@ STEP_DIR = f"{RESULTS}/step"
 # where each kind of number is argued (links from the README's table)
 TRAINING_DOC = "docs/results/training.md"
 WHOLE_STEP_DOC = "docs/results/whole_step.md"
+LEARNING_DOC = "docs/results/learning.md"
 
 MARKER = re.compile(r"<!-- table:(?P<name>[a-z_]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 
@@ -110,25 +112,58 @@ README_ARMS = ["full", "subsample_w6", "subsample_w4", "jagg_w4", "jagg_cv_w4", 
 RECOMMENDED = "subsample_w6"
 
 
+def _paired_z(name: str, paired: dict[str, dict]) -> str:
+    row = paired.get(name)
+    return "" if row is None else f"{row['strict_gain'] / row['strict_gain_se']:+.1f}"
+
+
 def strategies(doc_dir: str = "") -> str:
     """The README's table: per strategy, backward items, gradient-phase and whole-step seconds as
-    ratios to `full`, and the held-out strict gain over the base (mean +- std over training seeds)
-    with its distance to `full`'s in `full`'s seed std; every number links to its evidence."""
+    ratios to `full`; the held-out strict gain over the base on counting (where the gain is, the
+    benchmark's grading) and on every category (mean +- std over training seeds), each with its
+    distance to `full`'s in `full`'s seed std, and the paired per-sample test against `full` on
+    counting; every number links to its evidence."""
     learns = f"{doc_dir}{TRAINING_DOC}#which-strategy-learns-unbiased-jagg-subsampling-and-full-over-seeds"
     pick = f"{doc_dir}{TRAINING_DOC}#which-strategy-should-i-use"
+    graded = f"{doc_dir}{LEARNING_DOC}#the-strategy-table-graded-on-counting"
     step_doc = f"{doc_dir}{WHOLE_STEP_DOC}"
     whole = whole_step_ratios()
+    counting, paired = _arms(COUNTING), {r["arm"]: r for r in _load(COUNTING)["paired"]}
     lines = _header(["strategy", "backward items / step (x `full`)", "gradient-phase s (x `full`)",
-                     "whole-step s (x `full`)", "held-out strict gain over the base (seeds)", "vs `full` (its seed std)"])
+                     "whole-step s (x `full`)", "strict gain on counting (seeds)", "vs `full` (its seed std)",
+                     "paired z vs `full`", "strict gain, all categories (seeds)", "vs `full` (its seed std)"])
     for name in README_ARMS:
         arm, _ = _choice_arm(name)
         cost = pick if name.startswith("jagg_causal") else learns  # the causal arms' own timing is argued there
         step = f"[{whole[name][0]:.2f}]({step_doc})" if name in whole else f"[n/m]({step_doc})"
         vs = "0" if name == "full" else f"{arm['strict_vs_reference_in_std']:+.1f}"
+        count = counting[name]
+        count_vs = "0" if name == "full" else f"{count['strict_vs_reference_in_std']:+.1f}"
+        z = _paired_z(name, paired)
         lines.append(_row([_bold(f"`{name}`", name == RECOMMENDED),
                            f"[{arm['items_per_step']:g} ({arm['items_vs_reference']:.2f})]({cost})",
                            f"[{arm['time_vs_reference']:.2f}]({cost})", step,
+                           f"[{_gain(count)}]({graded}) ({count['seeds']})", f"[{count_vs}]({graded})",
+                           f"[{z}]({graded})" if z else "-",
                            f"[{_gain(arm)}]({pick}) ({arm['seeds']})", f"[{vs}]({pick})"]))
+    return "\n".join(lines)
+
+
+def counting() -> str:
+    """experiments/results/choice_counting/: every arm on the verdict set's counting samples."""
+    result = _load(COUNTING)
+    paired = {r["arm"]: r for r in result["paired"]}
+    lines = _header(["arm", "seeds", "backward items / step (x `full`)", "gradient s / step (x `full`)", "strict gain",
+                     "vs `full` (its std)", "paired vs `full`", "z", "dense gain", "vs `full` (its std)"])
+    for arm in result["arms"]:
+        name, ref = arm["arm"], arm["arm"] == "full"
+        pair = paired.get(name)
+        seconds = _seconds(arm) if arm.get("gradient_s_per_step") else "-"
+        lines.append(_row([f"`{name}`", str(arm["seeds"]), _items(arm), seconds, _bold(_gain(arm), ref),
+                           "0" if ref else f"{arm['strict_vs_reference_in_std']:+.1f}",
+                           "" if pair is None else f"{pair['strict_gain']:+.3f} +- {pair['strict_gain_se']:.3f}",
+                           _paired_z(name, paired), _gain(arm, "dense"),
+                           "0" if ref else f"{arm['dense_vs_reference_in_std']:+.1f}"]))
     return "\n".join(lines)
 
 
@@ -219,7 +254,7 @@ def step_tails() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"strategies": strategies, "should_use": should_use, "choice": choice, "equal_time": equal_time,
+TABLES = {"strategies": strategies, "should_use": should_use, "choice": choice, "equal_time": equal_time, "counting": counting,
           "quality": quality, "speed": speed, "step_tails": step_tails}
 
 

@@ -31,6 +31,12 @@ def test_readme_holds_the_strategy_table_with_linked_numbers():
     choice = {a["arm"]: a for a in json.loads((REPO / rt.CHOICE).read_text())["arms"]}["subsample_w6"]
     assert f"{choice['strict_gain_mean']:+.3f} +- {choice['strict_gain_std']:.3f}" in subsample
     assert "[6 (0.50)](docs/results/training.md#" in subsample
+    # the grading with power: each arm on the verdict set's counting samples, with its paired z against full
+    counting = json.loads((REPO / rt.COUNTING).read_text())
+    arm = {a["arm"]: a for a in counting["arms"]}["subsample_w6"]
+    paired = {p["arm"]: p for p in counting["paired"]}["subsample_w6"]
+    assert f"[{arm['strict_gain_mean']:+.3f} +- {arm['strict_gain_std']:.3f}](docs/results/learning.md#" in subsample
+    assert f"[{paired['strict_gain'] / paired['strict_gain_se']:+.1f}](docs/results/learning.md#" in subsample
 
 
 @pytest.mark.parametrize("where", ["README.md", "docs/results/training.md"])
