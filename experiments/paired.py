@@ -9,7 +9,7 @@ one experiment). The evaluations must
 share every evaluate setting but those naming the policy or the outputs (`checkpoint`, `size`,
 `run`, `device`, `out`, `grid`: jagg_lab.evaluation.PAIRING_FREE); anything else is an error
 that names the differing keys. A training run's verdict file (`heldout_final.json`) may stand for
-an evaluation: its final policy's scores are read. `out` (never overwritten) gets the rows as JSON.
+an evaluation (not for the reference): the scores of the policy it graded are read. `out` (never overwritten) gets the rows as JSON.
 """
 from __future__ import annotations
 
@@ -30,12 +30,19 @@ class Args:
     out: str | None = None  # JSON file for the rows (never overwritten)
 
 
-def load(path: str) -> dict:
+def load(path: str, verdict: bool = True) -> dict:
+    """An evaluation with per-sample scores. verdict: a training run's heldout_final.json stands for
+    the evaluation of the policy it graded (the last, or the best under heldout.restore_best); a
+    reference or base must be an evaluation itself (verdict=False), since that file also holds the
+    base's scores and would otherwise compare the trained policy with itself."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no evaluation at {path} (write one with python -m jagg_lab.evaluate ... out={path})")
     result = json.loads(Path(path).read_text())
     if "per_sample" not in result and "per_sample" in result.get("final", {}):
-        result = result["final"]  # a training run's verdict (heldout_final.json): its final policy's evaluation
+        if not verdict:
+            raise ValueError(f"{path} is a training run's verdict (heldout_final.json), not an evaluation of one "
+                             "policy; pass the base's evaluation as the reference")
+        result = result["final"]
     if "per_sample" not in result:
         raise ValueError(f"{path} holds no per-sample scores; evaluate it again with the current jagg_lab.evaluate")
     return result
@@ -55,7 +62,7 @@ def compare(args: Args) -> tuple[int, list[dict]]:
         raise ValueError("evaluations is empty: pass \"evaluations=[a.json,...]\"")
     if args.out and Path(args.out).exists():
         raise FileExistsError(f"out={args.out} already exists; choose another path")
-    reference = load(args.reference)
+    reference = load(args.reference, verdict=False)
     results = [load(path) for path in args.evaluations]
     rows = []
     for path, result in zip(args.evaluations, results):

@@ -54,8 +54,8 @@ import torch
 
 from collate import collate  # experiments/collate.py: this script's directory is on sys.path
 from jagg_lab import cli
-from jagg_lab.evaluation import policy_quality, reference_images, run_policies
-from jagg_lab.evaluation.samples import check_categories, eval_categories
+from jagg_lab.evaluation import eval_categories, policy_quality, reference_images, run_policies
+from jagg_lab.worlds.shapes import CATEGORIES
 from jagg_lab.evaluation.runs import aggregate, equal_time, load_run, markdown_table, mean_std_table
 
 log = logging.getLogger("quality")
@@ -122,7 +122,8 @@ def resolve(args: Args) -> Args:
     if args.n_eval < 2 or not 1 <= args.n_kl <= args.n_eval:
         raise ValueError(f"need n_eval >= 2 (FID/KID) and 1 <= n_kl <= n_eval, got n_eval={args.n_eval}, n_kl={args.n_kl}")
     if args.category is not None:
-        check_categories([args.category], "category")
+        if args.category not in CATEGORIES:
+            raise ValueError(f"category must be one of {list(CATEGORIES)} or null, got {args.category!r}")
         if args.category not in eval_categories(args.n_eval):
             raise ValueError(f"category={args.category}: none of the n_eval={args.n_eval} evaluation prompts is of it")
     return args
@@ -195,7 +196,7 @@ def quality_table(table: pd.DataFrame, base: dict, category: str | None = None) 
                 "dense_score_mean": base["dense_score"], "fid_mean": base["fid"], "kid_mean": base["kid_mean"],
                 "kl_to_base_mean": 0.0}
     if category is not None:
-        base_row.update({f"strict_{category}_mean": base[f"strict_{category}"], f"dense_{category}_mean": base[f"dense_{category}"]})
+        base_row.update({f"{metric}_{category}_mean": base[f"{metric}_{category}"] for metric in ("strict", "dense")})
     ordered = ["experiment", "n_seeds", *(f"{name}_{stat}" for name, _ in named for stat in ("mean", "std"))]
     return pd.concat([pd.DataFrame([base_row]), groups], ignore_index=True).reindex(columns=ordered)
 

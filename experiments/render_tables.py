@@ -113,8 +113,11 @@ RECOMMENDED = "subsample_w6"
 
 
 def _paired_z(name: str, paired: dict[str, dict]) -> str:
+    """The paired per-sample test's z against the reference ("-" for the reference itself)."""
     row = paired.get(name)
-    return "" if row is None else f"{row['strict_gain'] / row['strict_gain_se']:+.1f}"
+    if row is None:
+        return "-"
+    return f"{row['strict_gain'] / row['strict_gain_se']:+.1f}" if row["strict_gain_se"] > 0 else "n/a"
 
 
 def strategies(doc_dir: str = "") -> str:
@@ -128,7 +131,9 @@ def strategies(doc_dir: str = "") -> str:
     graded = f"{doc_dir}{LEARNING_DOC}#the-strategy-table-graded-on-counting"
     step_doc = f"{doc_dir}{WHOLE_STEP_DOC}"
     whole = whole_step_ratios()
-    counting, paired = _arms(COUNTING), {r["arm"]: r for r in _load(COUNTING)["paired"]}
+    graded_file = _load(COUNTING)
+    by_category = {arm["arm"]: arm for arm in graded_file["arms"]}
+    paired = {r["arm"]: r for r in graded_file["paired"]}
     lines = _header(["strategy", "backward items / step (x `full`)", "gradient-phase s (x `full`)",
                      "whole-step s (x `full`)", "strict gain on counting (seeds)", "vs `full` (its seed std)",
                      "paired z vs `full`", "strict gain, all categories (seeds)", "vs `full` (its seed std)"])
@@ -137,14 +142,14 @@ def strategies(doc_dir: str = "") -> str:
         cost = pick if name.startswith("jagg_causal") else learns  # the causal arms' own timing is argued there
         step = f"[{whole[name][0]:.2f}]({step_doc})" if name in whole else f"[n/m]({step_doc})"
         vs = "0" if name == "full" else f"{arm['strict_vs_reference_in_std']:+.1f}"
-        count = counting[name]
+        count = by_category[name]
         count_vs = "0" if name == "full" else f"{count['strict_vs_reference_in_std']:+.1f}"
         z = _paired_z(name, paired)
         lines.append(_row([_bold(f"`{name}`", name == RECOMMENDED),
                            f"[{arm['items_per_step']:g} ({arm['items_vs_reference']:.2f})]({cost})",
                            f"[{arm['time_vs_reference']:.2f}]({cost})", step,
                            f"[{_gain(count)}]({graded}) ({count['seeds']})", f"[{count_vs}]({graded})",
-                           f"[{z}]({graded})" if z else "-",
+                           f"[{z}]({graded})" if z != "-" else z,
                            f"[{_gain(arm)}]({pick}) ({arm['seeds']})", f"[{vs}]({pick})"]))
     return "\n".join(lines)
 
@@ -161,7 +166,7 @@ def counting() -> str:
         seconds = _seconds(arm) if arm.get("gradient_s_per_step") else "-"
         lines.append(_row([f"`{name}`", str(arm["seeds"]), _items(arm), seconds, _bold(_gain(arm), ref),
                            "0" if ref else f"{arm['strict_vs_reference_in_std']:+.1f}",
-                           "" if pair is None else f"{pair['strict_gain']:+.3f} +- {pair['strict_gain_se']:.3f}",
+                           "-" if pair is None else f"{pair['strict_gain']:+.3f} +- {pair['strict_gain_se']:.3f}",
                            _paired_z(name, paired), _gain(arm, "dense"),
                            "0" if ref else f"{arm['dense_vs_reference_in_std']:+.1f}"]))
     return "\n".join(lines)

@@ -93,20 +93,32 @@ def choose(args: Args) -> None:
     if out.exists():
         raise FileExistsError(f"out: {out} exists; choose a new directory")
     load = partial(_load, category=args.category)
-    base = load(args.base)
+    base = load(args.base, verdict=False)
     curve_base = None
     if args.curve_base is not None and args.category is None:  # the curves are of every category: left out
         if not Path(args.curve_base).is_file():
             raise FileNotFoundError(f"curve_base: no such file {args.curve_base}")
         curve_base = json.loads(Path(args.curve_base).read_text())
     per_item = _timing(args.timing, files, args.reference)
+    timed_in = {name: args.timing for name in per_item}
     for path in args.timing_more:  # an arm's ratio to the reference, timed side by side there, at timing's reference seconds
         if args.timing is None:
             raise ValueError("timing_more: give the first report as timing=")
-        more = _timing(path, files, args.reference)
+        try:
+            more = _timing(path, files, args.reference)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"timing_more: {err}") from None
+        first, other = (json.loads(Path(p).read_text())["setting"] for p in (args.timing, path))
+        keys = sorted(f"{group}.{k}" for group in first.keys() | other.keys()  # a key one side lacks counts as null
+                      for k in first.get(group, {}).keys() | other.get(group, {}).keys()
+                      if first.get(group, {}).get(k) != other.get(group, {}).get(k))
+        if keys:
+            raise ValueError(f"timing_more: {path} timed other settings than {args.timing}: {keys}")
         scale = per_item[args.reference][1] / more[args.reference][1]
         for name, (item_s, step_s) in more.items():
-            per_item.setdefault(name, (item_s * scale, step_s * scale))
+            if name not in per_item:
+                per_item[name] = (item_s * scale, step_s * scale)
+                timed_in[name] = path
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
     for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
         recorded = [gradient_phase(Path(p).parent)["backward_items"] for p in paths if (Path(p).parent / "metrics.csv").is_file()]
@@ -125,7 +137,7 @@ def choose(args: Args) -> None:
                                       if k != "per_category"}} for p in paths]
         (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in runs]), _spread([r["dense_gain"] for r in runs])
         arms.append({"arm": name, "seeds": len(runs), "items_per_step": items.get(name),
-                     "gradient_s_per_step": seconds.get(name), "strict_gain_mean": sm,
+                     "gradient_s_per_step": seconds.get(name), "timed_in": timed_in.get(name), "strict_gain_mean": sm,
                      "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds, "runs": runs})
     ref = next(a for a in arms if a["arm"] == args.reference)
     for arm in arms:
@@ -189,6 +201,11 @@ def choose(args: Args) -> None:
                                + ("-" if r[f"reference_{m}_gain_mean"] is None
                                   else f"{r[f'{m}_gain_mean'] - r[f'reference_{m}_gain_mean']:+.3f}") for m in ("strict", "dense"))
                   + " |" for r in equal_time]
+    for path in args.timing_more:
+        scaled = [a["arm"] for a in arms if a["timed_in"] == path]
+        if scaled:
+            lines += ["", f"Timed in {path}, beside {args.reference} (seconds: their ratio to {args.reference} there, "
+                          f"times {args.reference}'s seconds in {args.timing}): {', '.join(scaled)}"]
     untimed = [a["arm"] for a in arms if seconds and a["gradient_s_per_step"] is None]
     if untimed:
         lines += ["", f"Not in the timing report (no seconds): {', '.join(untimed)}"]
@@ -200,10 +217,11 @@ def choose(args: Args) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-def _load(path: str, category: str | None = None) -> dict:
-    """An evaluation; with `category`, only its samples of that category (the prompts'
-    categories follow `eval_categories`), its scores recomputed on them."""
-    result = load_evaluation(path)
+def _load(path: str, category: str | None = None, verdict: bool = True) -> dict:
+    """An evaluation (`paired.load`: verdict, whether a run's heldout_final.json may stand for
+    one); with `category`, only its samples of that category (the prompts' categories follow
+    `eval_categories`), its scores recomputed on them."""
+    result = load_evaluation(path, verdict=verdict)
     if category is None:
         return result
     args = result.get("args", {})

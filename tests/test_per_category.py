@@ -40,3 +40,11 @@ def test_an_evaluation_of_other_prompts_is_refused(tmp_path):
     (tmp_path / "arm.json").write_text(json.dumps(evaluation({"counting": 0.5}, seed=1)))
     proc = run(tmp_path, f"base={tmp_path / 'base.json'}", f"finals=[arm={tmp_path}/arm.json]")
     assert proc.returncode != 0 and "base's prompts and noise" in proc.stderr
+
+
+def test_a_runs_verdict_file_is_refused_as_the_base(tmp_path):
+    # heldout_final.json holds the trained policy under "final": as the base it would be compared with itself
+    verdict = {"step": 100, "final": evaluation({"counting": 0.7}), "base": evaluation({"counting": 0.5})}
+    (tmp_path / "heldout_final.json").write_text(json.dumps(verdict))
+    proc = run(tmp_path, f"base={tmp_path / 'heldout_final.json'}", f"finals=[arm={tmp_path}/heldout_final.json]")
+    assert proc.returncode != 0 and "verdict" in proc.stderr and "reference" in proc.stderr

@@ -195,7 +195,18 @@ def test_timing_more_adds_arms_at_their_ratio_to_the_reference(tmp_path):
     arms = {a["arm"]: a for a in json.loads((out / "choice.json").read_text())["arms"]}
     assert arms["cheap"]["time_vs_reference"] == pytest.approx(0.5)  # the first report's own ratio
     assert arms["late"]["time_vs_reference"] == pytest.approx(0.25) and arms["late"]["gradient_s_per_step"] == pytest.approx(1.0)
+    assert arms["late"]["timed_in"] == str(second) and arms["cheap"]["timed_in"] == str(first)
     assert "Not in the timing report" not in (out / "choice.md").read_text()
+    assert f"Timed in {second}, beside full" in (out / "choice.md").read_text()
     alone = subprocess.run([*cmd[:4], f"timing_more=[{second}]", f"out={tmp_path}/other"], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
     assert alone.returncode != 0 and "timing_more" in alone.stderr and not (tmp_path / "other").exists()
+    # a report that did not time the reference, or timed another setting, is refused naming timing_more
+    unreferenced, elsewhere = tmp_path / "unreferenced.json", tmp_path / "elsewhere.json"
+    unreferenced.write_text(json.dumps({"setting": {}, "rows": [{"experiment": "late", "gradient_s": 2.0, "backward_items": 4}]}))
+    elsewhere.write_text(json.dumps({"setting": {"sampler": {"num_steps": 20}},
+                                     "rows": [{"experiment": "full", "gradient_s": 8.0, "backward_items": 12}]}))
+    for report, why in ((unreferenced, "did not time the reference"), (elsewhere, "sampler.num_steps")):
+        bad = subprocess.run([*cmd[:-2], f"timing_more=[{report}]", f"out={tmp_path}/other"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0 and "timing_more" in bad.stderr and why in bad.stderr and not (tmp_path / "other").exists()

@@ -105,7 +105,10 @@ def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
                              f", grpo.window_size={cfg.grpo.get('window_size')}): "
                              + ("time it with bench step" if not own_rollouts else
                                 "the first experiment sets the shared rollout: put a trajectory experiment first"))
-        objective = instantiate(cfg.objective) if cfg.get("objective") else None
+        try:
+            objective = instantiate(cfg.objective) if cfg.get("objective") else None
+        except Exception as err:  # hydra wraps the constructor's ValueError
+            raise ValueError(f"experiments: {name}: objective: {err}") from None
         problems = trajectory_settings_used(cfg, objective.name) if isinstance(objective, ForwardObjective) else []
         if problems:  # what training refuses, the benchmark refuses too, before any model is built
             raise ValueError(f"experiments: {name}: " + "; ".join(problems))

@@ -54,6 +54,7 @@ def test_every_experiment_and_rollout_setting_gets_a_row(tmp_path):
     (["experiments=[full,nope]"], "nope"),
     (["rounds=0"], "rounds"),
     (["experiments=[full,nft]", "overrides=[sampler.group_noise=true]"], "sampler.group_noise=True: not used by objective=nft"),
+    (["experiments=[full,nft]", "overrides=[++objective.beta=-1]"], "experiments: full: objective:"),
 ])
 def test_bad_input_is_refused_before_any_model_is_built(argv, key, capsys, monkeypatch):
     monkeypatch.setattr(common, "GRPOModule", lambda *a, **k: pytest.fail("a model was built"))
