@@ -105,13 +105,7 @@ def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
                              f", grpo.window_size={cfg.grpo.get('window_size')}): "
                              + ("time it with bench step" if not own_rollouts else
                                 "the first experiment sets the shared rollout: put a trajectory experiment first"))
-        try:
-            objective = instantiate(cfg.objective) if cfg.get("objective") else None
-        except Exception as err:  # hydra wraps the constructor's ValueError
-            raise ValueError(f"experiments: {name}: objective: {err}") from None
-        problems = trajectory_settings_used(cfg, objective.name) if isinstance(objective, ForwardObjective) else []
-        if problems:  # what training refuses, the benchmark refuses too, before any model is built
-            raise ValueError(f"experiments: {name}: " + "; ".join(problems))
+        objective_of(name, cfg)  # a bad objective value is refused before any model is built
     for name in rest:
         for group in SHARED:
             a, b = (OmegaConf.to_container(configs[n][group], resolve=True) for n in (first, name))
@@ -122,6 +116,22 @@ def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
                 raise ValueError(f"experiments: {name} differs from {first} in {', '.join(f'{group}.{k}' for k in keys)}; "
                                  "only the strategy may differ")
     return configs
+
+
+def objective_of(name: str, cfg):
+    """The experiment's objective, built (cheap: its constructor checks its values), or None for
+    the trajectory objective's default; ValueError naming the experiment on a bad value."""
+    try:
+        return instantiate(cfg.objective) if cfg.get("objective") else None
+    except Exception as err:  # hydra wraps the constructor's ValueError
+        raise ValueError(f"experiments: {name}: objective: {err}") from None
+
+
+def unused_settings(name: str, cfg) -> list[str]:
+    """The shared (overridden) settings a forward-process experiment does not use, one line each,
+    as training would refuse them: a benchmark times it anyway and says so in its notes."""
+    objective = objective_of(name, cfg)
+    return [f"{name}: {why}" for why in trajectory_settings_used(cfg, objective.name)] if isinstance(objective, ForwardObjective) else []
 
 
 def owns_rollouts(cfg) -> bool:

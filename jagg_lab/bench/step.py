@@ -50,7 +50,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
-from jagg_lab.bench.arms import _configs as experiment_configs, owns_rollouts
+from jagg_lab.bench.arms import _configs as experiment_configs, owns_rollouts, unused_settings
 from jagg_lab.module import GRPOModule
 from jagg_lab.bench.common import (
     check_device,
@@ -310,6 +310,9 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
              "SDE window: ODE around it) on the same prompts and noise seeds, timed in each round after the shared "
              "ones; its gradient phase is the training step's own (module.accumulate_gradients, the optimizer step "
              "left out), its reward paired with the reference row's samples"]
+    for name, cfg in arms.items():  # what training would refuse, timed anyway: said, never silent
+        for line in unused_settings(name, cfg):
+            notes.append(f"not used: {line}")
     if limit is not None:
         notes.append("gflop: torch.utils.flop_counter's count of one phase (matrix products, convolutions, attention; "
                      "elementwise work counts nothing), per optimizer step; *_peak_share: the phase's GFLOP/s over the "
