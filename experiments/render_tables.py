@@ -175,10 +175,10 @@ def counting() -> str:
 # ---- docs/results/training.md ------------------------------------------------------------
 SHOULD_USE = [  # (arm, label, what it means): the notes are the argument of the doc, the numbers come from the files
     ("full", "`full`", "the reference"),
-    ("subsample_w6", "`subsample_w6` (3 random steps of 6)", "within one seed std of `full` (0.7 below) at equal steps, level with it at equal time"),
-    ("subsample_w4", "`subsample_w4` (2 random steps of 4)", "plain JAGG's budget, unbiased: 0.4 std below `full`, one seed of three near the base"),
-    ("jagg_w4", "`jagg_w4` (plain JAGG)", "biased: 1.4 std below `full`, not measurably above the base"),
-    ("jagg_cv_w4", "`jagg_cv_w4` (unbiased JAGG)", "learns like `full` (0.1 std below), but saves little"),
+    ("subsample_w6", "`subsample_w6` (3 random steps of 6)", "within one seed std of `full` (0.7 below; 1.0 on counting, paired z -1.9) at equal steps, level with it at equal time"),
+    ("subsample_w4", "`subsample_w4` (2 random steps of 4)", "plain JAGG's budget, unbiased: 0.5 std below `full` (0.6 on counting, paired z -1.0)"),
+    ("jagg_w4", "`jagg_w4` (plain JAGG)", "biased: 2.0 std below `full`, not above the base; on counting it keeps none of `full`'s gain (paired z -8.9)"),
+    ("jagg_cv_w4", "`jagg_cv_w4` (unbiased JAGG)", "learns nearly like `full` (0.2 std below; 0.9 on counting), but saves little"),
     ("jagg_cv_w6", "`jagg_cv_w6`", "unbiased, yet below `subsample_w6` (same items) at every one of five seeds; one collapsed (-0.170)"),
     ("jagg_causal_w4", "`jagg_causal_w4` (knots {0, 3, 4, 5})", "half of subsampling's per-rollout error, trains like `subsample_w4` (0.4 std below `full`), but its 4-knot joint pass is slower per item"),
     ("jagg_causal_w5", "`jagg_causal_w5` (knots {0, 4, 5})", "half of subsampling's error at the same items, yet 0.9 std below `full` and a little below `subsample_w6`"),

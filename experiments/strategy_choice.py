@@ -34,6 +34,7 @@ the curves, measured on every category, are then left out.
 from __future__ import annotations
 
 import glob
+import inspect
 import json
 import statistics
 import sys
@@ -50,6 +51,7 @@ from default_gain import gradient_phase  # noqa: E402  (experiments/ is this scr
 from paired import load as load_evaluation  # noqa: E402
 from jagg_lab import cli  # noqa: E402
 from jagg_lab.evaluation import eval_categories, paired_gain  # noqa: E402
+from hydra.utils import get_class  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 
@@ -303,11 +305,23 @@ def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> di
             run = OmegaConf.to_container(OmegaConf.load(config))
             for group in ("sampler", "grpo", "data"):  # data.seed is the run's own seed
                 timed, trained = ({k: v for k, v in d.get(group, {}).items() if k != "seed"} for d in (report["setting"], run))
-                # a key one side lacks counts as null: configs written before a key existed ran its null default
-                keys = sorted(k for k in timed.keys() | trained.keys() if timed.get(k) != trained.get(k))
+                # a key one side lacks counts as its constructor's default: a file written before the key
+                # existed ran without it, as that default does
+                target = timed.get("_target_") or trained.get("_target_")
+                keys = sorted(k for k in timed.keys() | trained.keys()
+                              if timed.get(k, _default(target, k)) != trained.get(k, _default(target, k)))
                 if keys:
                     raise ValueError(f"timing: {path} timed other {group} settings than {config} trained with: {keys}")
     return seconds
+
+
+def _default(target: str | None, key: str):
+    """The default of `key` in the constructor `target` names (a config's _target_), or None."""
+    try:
+        parameter = inspect.signature(get_class(target)).parameters.get(key) if target else None
+    except (ImportError, ValueError, TypeError):
+        return None
+    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 def _run_curve_points(files: dict[str, list[str]], curve_base: dict | None) -> dict[tuple[str, int, int], dict]:

@@ -110,7 +110,7 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     assert other.returncode != 0 and "num_steps" in other.stderr and not (tmp_path / "other").exists()
 
 
-def test_timing_matches_a_config_that_lacks_a_key_only_where_the_timing_left_it_null(tmp_path, monkeypatch):
+def test_timing_matches_a_config_that_lacks_a_key_only_where_the_other_holds_its_default(tmp_path, monkeypatch):
     import importlib.util
     spec = importlib.util.spec_from_file_location("strategy_choice", REPO / "experiments" / "strategy_choice.py")
     module = importlib.util.module_from_spec(spec)
@@ -130,6 +130,14 @@ def test_timing_matches_a_config_that_lacks_a_key_only_where_the_timing_left_it_
     assert module._timing(str(report), files, "full") == {"full": (4.0 / 12, 4.0)}
     timed(tail_solver="euler")
     with pytest.raises(ValueError, match=r"sampler settings .*\['tail_solver'\]"):
+        module._timing(str(report), files, "full")
+    # the other way round: a timing written before group_noise existed, a run that trained with it at its
+    # constructor's default (false) or not
+    timed(_target_="jagg_lab.sampling.SDESampler")
+    (run / "config.yaml").write_text("sampler:\n  _target_: jagg_lab.sampling.SDESampler\n  num_steps: 10\n  group_noise: false\n")
+    assert module._timing(str(report), files, "full") == {"full": (4.0 / 12, 4.0)}
+    (run / "config.yaml").write_text("sampler:\n  _target_: jagg_lab.sampling.SDESampler\n  num_steps: 10\n  group_noise: true\n")
+    with pytest.raises(ValueError, match=r"sampler settings .*\['group_noise'\]"):
         module._timing(str(report), files, "full")
 
 
