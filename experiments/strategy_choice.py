@@ -111,9 +111,8 @@ def choose(args: Args) -> None:
         except (OSError, ValueError) as err:
             raise ValueError(f"timing_more: {err}") from None
         first, other = (json.loads(Path(p).read_text())["setting"] for p in (args.timing, path))
-        keys = sorted(f"{group}.{k}" for group in first.keys() | other.keys()  # a key one side lacks counts as null
-                      for k in first.get(group, {}).keys() | other.get(group, {}).keys()
-                      if first.get(group, {}).get(k) != other.get(group, {}).get(k))
+        keys = [f"{group}.{k}" for group in sorted(first.keys() | other.keys())
+                for k in _differing(first.get(group, {}), other.get(group, {}))]
         if keys:
             raise ValueError(f"timing_more: {path} timed other settings than {args.timing}: {keys}")
         scale = per_item[args.reference][1] / more[args.reference][1]
@@ -305,14 +304,18 @@ def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> di
             run = OmegaConf.to_container(OmegaConf.load(config))
             for group in ("sampler", "grpo", "data"):  # data.seed is the run's own seed
                 timed, trained = ({k: v for k, v in d.get(group, {}).items() if k != "seed"} for d in (report["setting"], run))
-                # a key one side lacks counts as its constructor's default: a file written before the key
-                # existed ran without it, as that default does
-                target = timed.get("_target_") or trained.get("_target_")
-                keys = sorted(k for k in timed.keys() | trained.keys()
-                              if timed.get(k, _default(target, k)) != trained.get(k, _default(target, k)))
+                keys = _differing(timed, trained)
                 if keys:
                     raise ValueError(f"timing: {path} timed other {group} settings than {config} trained with: {keys}")
     return seconds
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    """The keys of two settings of one config group whose values differ. A key one side lacks counts
+    as its constructor's default (the group's _target_): a file written before the key existed ran
+    without it, as that default does."""
+    target = a.get("_target_") or b.get("_target_")
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, _default(target, k)) != b.get(k, _default(target, k)))
 
 
 def _default(target: str | None, key: str):

@@ -218,3 +218,12 @@ def test_timing_more_adds_arms_at_their_ratio_to_the_reference(tmp_path):
         bad = subprocess.run([*cmd[:-2], f"timing_more=[{report}]", f"out={tmp_path}/other"], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
         assert bad.returncode != 0 and "timing_more" in bad.stderr and why in bad.stderr and not (tmp_path / "other").exists()
+    # one rule with timing's check of runs: a key one report lacks counts as its constructor's default
+    grpo = {"_target_": "jagg_lab.grpo.GRPOConfig", "clip_range": 1e-4}
+    first.write_text(json.dumps({**json.loads(first.read_text()), "setting": {"grpo": {**grpo, "window_schedule": "random"}}}))
+    second.write_text(json.dumps({**json.loads(second.read_text()), "setting": {"grpo": grpo}}))
+    same = subprocess.run([*cmd[:-1], f"out={tmp_path}/defaulted"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0, same.stderr[-3000:]
+    second.write_text(json.dumps({**json.loads(second.read_text()), "setting": {"grpo": {**grpo, "window_schedule": "sliding"}}}))
+    bad = subprocess.run([*cmd[:-1], f"out={tmp_path}/other"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "grpo.window_schedule" in bad.stderr and not (tmp_path / "other").exists()
