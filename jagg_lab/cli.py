@@ -29,6 +29,7 @@ import textwrap
 import tokenize
 from typing import Callable, Sequence, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
@@ -105,6 +106,23 @@ def help_text(schema: type, prog: str, description: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _from_cli(argv: Sequence[str]):
+    """OmegaConf.from_cli, with a value YAML cannot read (say an unquoted glob class,
+    `"finals=[a=x/*_seed[012]]"`) refused as a UsageError naming its key."""
+    try:
+        return OmegaConf.from_cli(list(argv))
+    except yaml.YAMLError:
+        for arg in argv:  # find the argument YAML refused
+            try:
+                OmegaConf.from_cli([arg])
+            except yaml.YAMLError as err:
+                key, _, value = arg.partition("=")
+                problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+                raise UsageError(f"{key}: cannot read the value {value!r} ({problem}); quote a list item that holds "
+                                 f"[ ] , or {{ }}, e.g. \"{key}=['...']\"") from None
+        raise
+
+
 def parse(schema: type[T], argv: Sequence[str], *, prog: str, description: str | None = None) -> T:
     """An instance of the dataclass `schema` from `key=value` arguments.
 
@@ -114,7 +132,7 @@ def parse(schema: type[T], argv: Sequence[str], *, prog: str, description: str |
     if any(arg in HELP_FLAGS for arg in argv):
         raise HelpRequested(help_text(schema, prog, description))
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_cli(list(argv)))
+        merged = OmegaConf.merge(OmegaConf.structured(schema), _from_cli(argv))
         return OmegaConf.to_object(merged)
     except ConfigKeyError as err:
         names = ", ".join(f.name for f in dataclasses.fields(schema))

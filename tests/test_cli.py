@@ -37,10 +37,24 @@ def test_parse_reads_typed_values_into_the_dataclass():
     (["n=1"], "name"),  # a required value left out
     (["name=x", "n=-1"], "n must be >= 0"),  # the dataclass's own check
     (["name=x", "seeds=[a]"], "seeds"),
+    (["name=x", "out=[a=x/*_seed[012]]"], "out: cannot read the value"),  # a list item YAML cannot read, unquoted
 ])
 def test_parse_errors_name_the_key(argv, key):
     with pytest.raises(cli.UsageError, match=key):
         cli.parse(Args, argv, prog="count")
+
+
+@dataclass
+class Globs:
+    finals: list[str] = field(default_factory=list)
+
+
+def test_a_quoted_list_item_holding_brackets_is_read_as_written():
+    """The quoting the error suggests reads the item as written."""
+    args = cli.parse(Globs, ["finals=['a=x/*_seed[012]/eval.json',b=y]"], prog="choice")
+    assert args.finals == ["a=x/*_seed[012]/eval.json", "b=y"]
+    with pytest.raises(cli.UsageError, match=r"finals: cannot read .*quote"):
+        cli.parse(Globs, ["finals=[a=x/*_seed[012]/eval.json,b=y]"], prog="choice")
 
 
 def test_help_shows_the_docstring_and_every_field_with_default_and_comment():
