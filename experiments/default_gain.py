@@ -44,6 +44,7 @@ class Args:
     base_eval: str | None = None  # an earlier evaluation of the shipped base on the same n_eval / eval_seed, reused
     curve_n_eval: int = 0  # > 0: periodic checkpoints and final policies scored on this (smaller) set for the curves
     curve_eval_seed: int = 1
+    curve_base_eval: str | None = None  # an earlier evaluation of the shipped base on curve_n_eval / curve_eval_seed, reused
 
 
 def run(cmd: list[str]) -> None:
@@ -56,15 +57,18 @@ def evaluate(out_json: Path, checkpoint: str, n: int, seed: int) -> dict:
     return json.loads(out_json.read_text())
 
 
-def reused_base(args: Args) -> dict:
-    """The shipped base's evaluation from `base_eval`, refused unless it scored the same samples."""
-    path = Path(args.base_eval)
+def reused_base(args: Args, key: str = "base_eval") -> dict:
+    """The shipped base's evaluation from `base_eval` (or `curve_base_eval`), refused unless it
+    scored the same samples (n_eval, eval_seed; or curve_n_eval, curve_eval_seed)."""
+    path = Path(getattr(args, key))
+    n, seed = (args.n_eval, args.eval_seed) if key == "base_eval" else (args.curve_n_eval, args.curve_eval_seed)
     if not path.is_file():
-        raise SystemExit(f"base_eval: no such file {path}")
+        raise SystemExit(f"{key}: no such file {path}")
     base = json.loads(path.read_text())
-    got = {key: base.get("args", {}).get(key) for key in ("checkpoint", "n_samples", "seed")}
-    if got != {"checkpoint": "shipped", "n_samples": args.n_eval, "seed": args.eval_seed}:
-        raise SystemExit(f"base_eval: {path} scored {got}, not the shipped base on n_eval={args.n_eval}, eval_seed={args.eval_seed}")
+    got = {k: base.get("args", {}).get(k) for k in ("checkpoint", "n_samples", "seed")}
+    if got != {"checkpoint": "shipped", "n_samples": n, "seed": seed}:
+        prefix = "" if key == "base_eval" else "curve_"
+        raise SystemExit(f"{key}: {path} scored {got}, not the shipped base on {prefix}n_eval={n}, {prefix}eval_seed={seed}")
     return base
 
 
@@ -91,12 +95,18 @@ def main(argv: list[str] | None = None) -> int:
 def compare_arms(args: Args) -> None:
     out = Path(args.out)
     reused = reused_base(args) if args.base_eval else None  # refused before anything is written
+    if args.curve_base_eval and not args.curve_n_eval:
+        raise SystemExit("curve_base_eval: give curve_n_eval too (without it the curves use the verdict set's base)")
+    reused_curve = reused_base(args, "curve_base_eval") if args.curve_base_eval else None
     out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier comparison
     h, m = divmod(int(args.minutes * 60), 3600)
     budget = f"00:{h:02d}:{m // 60:02d}:{m % 60:02d}"
     base = reused or evaluate(out / "base.json", "shipped", args.n_eval, args.eval_seed)
     curve_n, curve_seed = (args.curve_n_eval, args.curve_eval_seed) if args.curve_n_eval else (args.n_eval, args.eval_seed)
-    curve_base = evaluate(out / "base_curve.json", "shipped", curve_n, curve_seed) if args.curve_n_eval else base
+    if reused_curve:
+        curve_base = reused_curve
+    else:
+        curve_base = evaluate(out / "base_curve.json", "shipped", curve_n, curve_seed) if args.curve_n_eval else base
     rows = [{"arm": "base", "seed": "-", "steps": 0, **paired_gain(base, base)}]
     curve: list[dict] = []  # every scored checkpoint, then the final policy, per run
     scored: dict[tuple[str, int, int], dict] = {}  # (arm, seed, step) -> evaluation, for the paired control comparison

@@ -53,6 +53,15 @@ def test_a_reused_base_evaluation_must_score_the_same_samples(tmp_path):
     assert not (tmp_path / "gain").exists()  # refused before anything is written
 
 
+def test_a_reused_curve_base_must_score_the_curve_set(tmp_path):
+    stored = next((REPO / "jagg_lab" / "assets" / "heldout").glob("*_n2048_seed2.json"))
+    cmd = [sys.executable, "experiments/default_gain.py", "experiments=[full]", f"curve_base_eval={stored}", f"out={tmp_path / 'gain'}"]
+    for extra, why in ((["curve_n_eval=512", "curve_eval_seed=2"], "curve_n_eval=512"), ([], "give curve_n_eval")):
+        proc = subprocess.run([*cmd, *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0 and "curve_base_eval" in proc.stderr and why in proc.stderr
+        assert not (tmp_path / "gain").exists()  # refused before anything is written
+
+
 def test_tables_script_refuses_an_existing_output_directory(tmp_path):
     (tmp_path / "old").mkdir()
     proc = subprocess.run(["bash", "experiments/tables.sh", str(tmp_path / "old")], cwd=REPO, capture_output=True, text=True)
