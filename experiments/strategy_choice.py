@@ -26,7 +26,12 @@ comparison: each arm's last curve point against the reference's curve at the sam
 gradient-phase seconds (interpolated linearly in steps between its scored points, through the
 base at step 0). timing_more: further `bench arms` reports for arms `timing` did not time, each
 of which timed the reference too: an arm's seconds there are its ratio to that report's reference,
-times the reference's seconds in `timing`. Writes `OUT/choice.{json,md}` and
+times the reference's seconds in `timing`. clock=step: the same with whole-step seconds (rollout,
+reward and gradient phase) from `python -m jagg_lab.bench step` reports (each experiment's row of
+the SDE rollout, or of its own rollout for a forward-process objective or a moving window): the
+clock for arms whose rollouts or objectives differ, such as AWM beside `full`. An arm whose last
+curve point took longer than the reference's last is read the other way round: its curve at the
+reference's last point's seconds. Writes `OUT/choice.{json,md}` and
 `OUT/gain_vs_cost.png` (the curves); OUT is never overwritten. category: every comparison on the
 verdict set's samples of that shapes category only (e.g. counting, where GRPO's gain concentrates);
 the curves, measured on every category, are then left out.
@@ -63,10 +68,19 @@ class Args:
     items: list[str] = field(default_factory=list)  # NAME=N backward items per optimizer step, where gains lack them
     timing: str | None = None  # a `bench arms` report: gradient-phase seconds per step of each arm, timed side by side
     timing_more: list[str] = field(default_factory=list)  # further `bench arms` reports, for arms `timing` did not time
+    clock: str = "gradient"  # gradient: bench arms reports, gradient-phase seconds; step: bench step reports, whole steps
     curve_base: str | None = None  # the base on the curve set: each final's eval_curve.json (next to it) becomes a curve point
     reference: str = "full"  # the arm the others are measured against
     category: str | None = None  # compare on the verdict set's samples of this shapes category only (no curves)
     out: str = "outputs/choice"  # never overwritten
+
+    def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {self.clock!r}")
+
+
+# clock -> (the report that times it, the key of its seconds in the outputs, what it measures)
+CLOCKS = {"gradient": ("bench arms", "gradient_s", "gradient-phase"), "step": ("bench step", "step_s", "whole-step")}
 
 
 def _pairs(entries: list[str], key: str) -> list[tuple[str, str]]:
@@ -101,13 +115,14 @@ def choose(args: Args) -> None:
         if not Path(args.curve_base).is_file():
             raise FileNotFoundError(f"curve_base: no such file {args.curve_base}")
         curve_base = json.loads(Path(args.curve_base).read_text())
-    per_item = _timing(args.timing, files, args.reference)
+    per_item = _timing(args.timing, files, args.reference, args.clock)
+    unit, unit_words = CLOCKS[args.clock][1:]
     timed_in = {name: args.timing for name in per_item}
     for path in args.timing_more:  # an arm's ratio to the reference, timed side by side there, at timing's reference seconds
         if args.timing is None:
             raise ValueError("timing_more: give the first report as timing=")
         try:
-            more = _timing(path, files, args.reference)
+            more = _timing(path, files, args.reference, args.clock)
         except (OSError, ValueError) as err:
             raise ValueError(f"timing_more: {err}") from None
         first, other = (json.loads(Path(p).read_text())["setting"] for p in (args.timing, path))
@@ -116,9 +131,9 @@ def choose(args: Args) -> None:
         if keys:
             raise ValueError(f"timing_more: {path} timed other settings than {args.timing}: {keys}")
         scale = per_item[args.reference][1] / more[args.reference][1]
-        for name, (item_s, step_s) in more.items():
+        for name, timed in more.items():
             if name not in per_item:
-                per_item[name] = (item_s * scale, step_s * scale)
+                per_item[name] = tuple(t * scale for t in timed)
                 timed_in[name] = path
     gain_files = [json.loads(Path(p).read_text()) for p in args.gains]
     for name, paths in files.items():  # items per step from the runs' own metrics.csv, next to their evaluations
@@ -130,22 +145,24 @@ def choose(args: Args) -> None:
             if "backward_items" in row:
                 items.setdefault(row["arm"], row["backward_items"])
     # an arm's seconds per step: its runs' backward items per step at the seconds per item timed side by side
-    # (a drawing strategy's timed rounds hold fewer draws than its runs; without recorded items, the timed step)
-    seconds = {name: per_item[name][0] * items[name] if name in items else per_item[name][1] for name in per_item}
+    # (a drawing strategy's timed rounds hold fewer draws than its runs; without recorded items, the timed step),
+    # plus, on the step clock, its rollout and reward
+    seconds = {name: per_item[name][0] * items[name] + per_item[name][2] if name in items else per_item[name][1]
+               for name in per_item}
     arms = []
     for name, paths in files.items():
         runs = [{"evaluation": p, **{k: v for k, v in paired_gain(load(p), base).items()
                                       if k != "per_category"}} for p in paths]
         (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in runs]), _spread([r["dense_gain"] for r in runs])
         arms.append({"arm": name, "seeds": len(runs), "items_per_step": items.get(name),
-                     "gradient_s_per_step": seconds.get(name), "timed_in": timed_in.get(name), "strict_gain_mean": sm,
+                     f"{unit}_per_step": seconds.get(name), "timed_in": timed_in.get(name), "strict_gain_mean": sm,
                      "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds, "runs": runs})
     ref = next(a for a in arms if a["arm"] == args.reference)
     for arm in arms:
         arm["items_vs_reference"] = (arm["items_per_step"] / ref["items_per_step"]
                                      if arm["items_per_step"] and ref["items_per_step"] else None)
-        arm["time_vs_reference"] = (arm["gradient_s_per_step"] / ref["gradient_s_per_step"]
-                                    if arm["gradient_s_per_step"] and ref["gradient_s_per_step"] else None)
+        arm["time_vs_reference"] = (arm[f"{unit}_per_step"] / ref[f"{unit}_per_step"]
+                                    if arm[f"{unit}_per_step"] and ref[f"{unit}_per_step"] else None)
         for metric in ("strict", "dense"):  # distance to the reference's mean in its seed std
             std = ref[f"{metric}_gain_std"]
             arm[f"{metric}_vs_reference_in_std"] = (arm[f"{metric}_gain_mean"] - ref[f"{metric}_gain_mean"]) / std if std > 0 else float("nan")
@@ -164,20 +181,20 @@ def choose(args: Args) -> None:
         (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in rows]), _spread([r["dense_gain"] for r in rows])
         per_step = items.get(name)
         curve_rows.append({"arm": name, "steps": steps, "seeds": len(rows), "items": per_step * steps if per_step else None,
-                           "gradient_s": seconds[name] * steps if name in seconds else None,
+                           unit: seconds[name] * steps if name in seconds else None,
                            "strict_gain_mean": sm, "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds})
-    equal_time = _equal_time(curve_rows, seconds, args.reference)
+    equal_time = _equal_time(curve_rows, seconds, args.reference, unit)
 
     n_final = base.get("n_samples")
     n_curve = {r["args"].get("curve_n_eval") or r["args"]["n_eval"] for r in gain_files} | (
         {curve_base["n_samples"]} if curve_base else set())
     lines = [f"Final policies on the verdict set (n = {n_final}{f', its {args.category} samples' if args.category else ''}), gain over the base: mean +- std over training seeds; "
              f"'vs {args.reference}' = (mean - {args.reference}'s mean) / {args.reference}'s seed std", "",
-             "| arm | seeds | backward items / step | x " + args.reference + " | gradient s / step | x " + args.reference
+             "| arm | seeds | backward items / step | x " + args.reference + f" | {unit.replace('_', ' ')} / step | x " + args.reference
              + " | strict gain | vs " + args.reference + " | dense gain | vs " + args.reference + " |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {a['arm']} | {a['seeds']} | {_num(a['items_per_step'])} | {_num(a['items_vs_reference'], '.2f')} "
-              f"| {_num(a['gradient_s_per_step'], '.2f')} | {_num(a['time_vs_reference'], '.2f')} "
+              f"| {_num(a[f'{unit}_per_step'], '.2f')} | {_num(a['time_vs_reference'], '.2f')} "
               f"| {a['strict_gain_mean']:+.3f} +- {a['strict_gain_std']:.3f} | {a['strict_vs_reference_in_std']:+.1f} "
               f"| {a['dense_gain_mean']:+.3f} +- {a['dense_gain_std']:.3f} | {a['dense_vs_reference_in_std']:+.1f} |" for a in arms]
     lines += ["", f"Paired per-sample test against {args.reference} on the verdict set: each arm's per-sample scores "
@@ -186,18 +203,19 @@ def choose(args: Args) -> None:
     lines += [f"| {r['arm']} | {r['strict_gain']:+.3f} +- {r['strict_gain_se']:.3f} | {_z(r, 'strict')} "
               f"| {r['dense_gain']:+.3f} +- {r['dense_gain_se']:.3f} | {_z(r, 'dense')} |" for r in paired]
     lines += [] if args.category else ["", f"Curves (scored checkpoints and final policies, n = {', '.join(str(n) for n in sorted(n_curve))}): "
-              "gain against optimizer steps, cumulative backward items and cumulative gradient-phase seconds", "",
-              "| arm | steps | backward items | gradient s | seeds | strict gain | dense gain |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['arm']} | {r['steps']} | {_num(r['items'])} | {_num(r['gradient_s'], '.0f')} | {r['seeds']} "
+              f"gain against optimizer steps, cumulative backward items and cumulative {unit_words} seconds", "",
+              f"| arm | steps | backward items | {unit.replace('_', ' ')} | seeds | strict gain | dense gain |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['steps']} | {_num(r['items'])} | {_num(r[unit], '.0f')} | {r['seeds']} "
               f"| {r['strict_gain_mean']:+.3f} +- {r['strict_gain_std']:.3f} "
               f"| {r['dense_gain_mean']:+.3f} +- {r['dense_gain_std']:.3f} |" for r in curve_rows]
     if equal_time:
-        lines += ["", f"Equal gradient-phase time (curve set): each arm's last curve point against {args.reference}'s curve "
+        lines += ["", f"Equal {unit_words} time (curve set): each arm's last curve point against {args.reference}'s curve "
                   f"at the same cumulative seconds ({args.reference}'s steps interpolated linearly between its scored "
-                  "points, through the base at step 0; mean and std over seeds interpolated alike)", "",
-                  f"| arm | seeds | steps | gradient s | {args.reference} steps in that time | strict gain | {args.reference} strict gain "
+                  "points, through the base at step 0; mean and std over seeds interpolated alike); an arm whose last point "
+                  f"took longer than {args.reference}'s last: its own curve at that point's seconds", "",
+                  f"| arm | seeds | steps | {unit.replace('_', ' ')} | {args.reference} steps in that time | strict gain | {args.reference} strict gain "
                   f"| difference | dense gain | {args.reference} dense gain | difference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['arm']} | {r['seeds']} | {r['steps']} | {r['gradient_s']:.0f} | {r['reference_steps']:.1f} | "
+        lines += [f"| {r['arm']} | {r['seeds']} | {r['steps']:.3g} | {r[unit]:.0f} | {r['reference_steps']:.1f} | "
                   + " | ".join(f"{r[f'{m}_gain_mean']:+.3f} +- {r[f'{m}_gain_std']:.3f} | {_gain(r, f'reference_{m}')} | "
                                + ("-" if r[f"reference_{m}_gain_mean"] is None
                                   else f"{r[f'{m}_gain_mean'] - r[f'reference_{m}_gain_mean']:+.3f}") for m in ("strict", "dense"))
@@ -207,11 +225,11 @@ def choose(args: Args) -> None:
         if scaled:
             lines += ["", f"Timed in {path}, beside {args.reference} (seconds: their ratio to {args.reference} there, "
                           f"times {args.reference}'s seconds in {args.timing}): {', '.join(scaled)}"]
-    untimed = [a["arm"] for a in arms if seconds and a["gradient_s_per_step"] is None]
+    untimed = [a["arm"] for a in arms if seconds and a[f"{unit}_per_step"] is None]
     if untimed:
         lines += ["", f"Not in the timing report (no seconds): {', '.join(untimed)}"]
     out.mkdir(parents=True, exist_ok=False)  # everything is read and checked: now write, the JSON last
-    _plot_curves(curve_rows, out / "gain_vs_cost.png")
+    _plot_curves(curve_rows, out / "gain_vs_cost.png", unit, unit_words)
     (out / "choice.md").write_text("\n".join(lines) + "\n")
     (out / "choice.json").write_text(json.dumps({"args": vars(args), "arms": arms, "paired": paired, "curve": curve_rows,
                                                  "equal_time": equal_time}, indent=2) + "\n")
@@ -258,10 +276,10 @@ def _z(row: dict, metric: str) -> str:
     return f"{row[f'{metric}_gain'] / se:+.1f}" if se > 0 else "-"
 
 
-def _plot_curves(curve_rows: list[dict], path: Path) -> None:
+def _plot_curves(curve_rows: list[dict], path: Path, unit: str, unit_words: str) -> None:
     """Strict gain (mean +- std over seeds, from the base at 0) against cumulative backward items
-    and, where timed, gradient-phase seconds: one line per arm."""
-    axes_keys = [key for key in ("items", "gradient_s") if any(r[key] is not None for r in curve_rows)]
+    and, where timed, the clock's seconds: one line per arm."""
+    axes_keys = [key for key in ("items", unit) if any(r[key] is not None for r in curve_rows)]
     if not axes_keys:
         return
     fig, axes = plt.subplots(1, len(axes_keys), figsize=(6 * len(axes_keys), 4), squeeze=False)
@@ -277,23 +295,38 @@ def _plot_curves(curve_rows: list[dict], path: Path) -> None:
             ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                             color=line.get_color(), alpha=0.15)
         ax.axhline(0, color="grey", lw=0.8)
-        ax.set_xlabel({"items": "cumulative backward items", "gradient_s": "cumulative gradient-phase seconds"}[key])
+        ax.set_xlabel({"items": "cumulative backward items", unit: f"cumulative {unit_words} seconds"}[key])
         ax.set_ylabel("held-out strict gain over the base")
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
-def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> dict[str, tuple[float, float]]:
-    """{arm: (gradient-phase seconds per backward item, per optimizer step)} from a `bench arms`
-    report, refused unless it timed the reference and the sampler, GRPO and data settings of every
-    run that kept its config."""
+def _timing(path: str | None, files: dict[str, list[str]], reference: str,
+            clock: str = "gradient") -> dict[str, tuple[float, float, float]]:
+    """{arm: (gradient-phase seconds per backward item, the clock's seconds per optimizer step,
+    the step's seconds outside the gradient phase)} from a `bench arms` report (clock=gradient:
+    nothing outside) or a `bench step` report (clock=step: rollout and reward; each experiment's
+    row of the SDE rollout or of its own), refused unless it timed the reference and the sampler,
+    GRPO and data settings of every run that kept its config (a moving window's keys are the
+    experiment's own)."""
     if path is None:
         return {}
     if not Path(path).is_file():
         raise FileNotFoundError(f"timing: no such file {path}")
     report = json.loads(Path(path).read_text())
-    seconds = {row["experiment"]: (row["gradient_s"] / row["backward_items"], row["gradient_s"]) for row in report["rows"]}
+    command = "bench step" if report["rows"] and "step_s" in report["rows"][0] else "bench arms"
+    if command != CLOCKS[clock][0]:
+        raise ValueError(f"timing: {path} is a `{command}` report; clock={clock} reads `{CLOCKS[clock][0]}` reports")
+    if clock == "gradient":
+        seconds = {row["experiment"]: (row["gradient_s"] / row["backward_items"], row["gradient_s"], 0.0) for row in report["rows"]}
+    else:
+        rows = [row for row in report["rows"] if row["rollout"] in ("sde", "own") and not row.get("compile")]
+        twice = sorted({row["experiment"] for row in rows if sum(r["experiment"] == row["experiment"] for r in rows) > 1})
+        if twice:
+            raise ValueError(f"timing: {path} timed {twice} in several precisions; give a report of one")
+        seconds = {row["experiment"]: (row["gradient_s"] / row["backward_items"], row["step_s"],
+                                       row["rollout_s"] + row["reward_s"]) for row in rows}
     if reference not in seconds:
         raise ValueError(f"timing: {path} did not time the reference {reference!r} (it timed {sorted(seconds)})")
     for paths in files.values():
@@ -303,7 +336,8 @@ def _timing(path: str | None, files: dict[str, list[str]], reference: str) -> di
                 continue
             run = OmegaConf.to_container(OmegaConf.load(config))
             for group in ("sampler", "grpo", "data"):  # data.seed is the run's own seed
-                timed, trained = ({k: v for k, v in d.get(group, {}).items() if k != "seed"} for d in (report["setting"], run))
+                timed, trained = ({k: v for k, v in d.get(group, {}).items() if k != "seed" and not k.startswith("window_")}
+                                  for d in (report["setting"], run))
                 keys = _differing(timed, trained)
                 if keys:
                     raise ValueError(f"timing: {path} timed other {group} settings than {config} trained with: {keys}")
@@ -347,25 +381,38 @@ def _run_curve_points(files: dict[str, list[str]], curve_base: dict | None) -> d
     return points
 
 
-def _equal_time(curve_rows: list[dict], seconds: dict[str, float], reference: str) -> list[dict]:
+def _equal_time(curve_rows: list[dict], seconds: dict[str, float], reference: str, unit: str = "gradient_s") -> list[dict]:
     """Each timed arm's last curve point next to the reference's curve at the same cumulative
-    gradient-phase seconds; the reference's gain is None where that lies past its last point."""
+    seconds (`unit`: the clock's key); an arm whose last point took longer than the reference's
+    last: the arm's curve at that point's seconds instead (`at`: whose end is compared). Curves are
+    interpolated linearly in steps through the base at step 0 (no gain, no spread)."""
     keys = ("strict_gain_mean", "strict_gain_std", "dense_gain_mean", "dense_gain_std")
-    ref = [r for r in curve_rows if r["arm"] == reference]
-    if reference not in seconds or not ref:
-        return []
-    ref_steps = [0] + [r["steps"] for r in ref]  # through the base: no gain, no spread at step 0
-    last = {}
+    curves: dict[str, list[dict]] = {}
     for row in curve_rows:  # sorted by arm and steps: an arm's last row is its last point
-        if row["arm"] != reference and row["arm"] in seconds:
-            last[row["arm"]] = row
+        if row["arm"] in seconds:
+            curves.setdefault(row["arm"], []).append(row)
+    if reference not in curves:
+        return []
+
+    def read(curve: list[dict], steps: float) -> dict:
+        return {k: float(np.interp(steps, [0] + [r["steps"] for r in curve], [0.0] + [r[k] for r in curve])) for k in keys}
+
+    ref_end = curves[reference][-1]
     rows = []
-    for name, row in last.items():
-        steps = row["gradient_s"] / seconds[reference]
-        at = {f"reference_{k}": None if steps > ref_steps[-1] else float(np.interp(steps, ref_steps, [0.0] + [r[k] for r in ref]))
-              for k in keys}
-        rows.append({"arm": name, "steps": row["steps"], "gradient_s": row["gradient_s"], "reference_steps": steps,
-                     "seeds": row["seeds"], **{k: row[k] for k in keys}, **at})
+    for name, curve in curves.items():
+        end = curve[-1]
+        if name == reference:
+            continue
+        if end[unit] <= ref_end[unit]:  # the arm's end against the reference's curve at its seconds
+            row = {"at": "arm", "steps": end["steps"], unit: end[unit], "reference_steps": end[unit] / seconds[reference],
+                   "seeds": end["seeds"], **{k: end[k] for k in keys}}
+            row.update({f"reference_{k}": v for k, v in read(curves[reference], row["reference_steps"]).items()})
+        else:  # the reference's end against the arm's curve at its seconds
+            steps = ref_end[unit] / seconds[name]
+            row = {"at": reference, "steps": steps, unit: ref_end[unit], "reference_steps": ref_end["steps"],
+                   "seeds": min(r["seeds"] for r in curve if r["steps"] >= steps), **read(curve, steps),
+                   **{f"reference_{k}": ref_end[k] for k in keys}}
+        rows.append({"arm": name, **row})
     return rows
 
 

@@ -97,7 +97,11 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
     assert rows["cheap"]["dense_gain_mean"] == pytest.approx((0.25 + 0.35) / 2)
     assert rows["cheap"]["reference_dense_gain_mean"] == pytest.approx(0.20)
     assert rows["cheap"]["reference_strict_gain_mean"] == pytest.approx(0.10)
-    assert rows["slow"]["reference_steps"] == pytest.approx(60) and rows["slow"]["reference_dense_gain_mean"] is None
+    # slow's 20 steps take 60 s, past full's last point (20 steps, 20 s): read the other way round, slow's curve at
+    # 20 s (its step 6.7, a third of the way from the base to its point at 20: 0.40 / 3) against full's end (0.30)
+    assert rows["slow"]["at"] == "full" and rows["slow"]["reference_steps"] == 20 and rows["fast"]["at"] == "arm"
+    assert rows["slow"]["steps"] == pytest.approx(20 / 3) and rows["slow"]["gradient_s"] == pytest.approx(20)
+    assert rows["slow"]["dense_gain_mean"] == pytest.approx(0.40 / 3) and rows["slow"]["reference_dense_gain_mean"] == pytest.approx(0.30)
     assert "Equal gradient-phase time" in (out / "choice.md").read_text() and (out / "gain_vs_cost.png").stat().st_size > 0
     table = (out / "choice.md").read_text().split("Equal gradient-phase time")[1].strip().splitlines()[2:]
     assert len(table) == 5 and len({line.count("|") for line in table}) == 1  # header, rule and 3 rows, all of the same columns
@@ -127,7 +131,7 @@ def test_timing_matches_a_config_that_lacks_a_key_only_where_the_other_holds_its
     (run / "config.yaml").write_text("sampler:\n  num_steps: 10\n")  # written before tail_solver existed
     files = {"full": [str(run / "eval.json")]}
     timed(tail_solver=None)
-    assert module._timing(str(report), files, "full") == {"full": (4.0 / 12, 4.0)}
+    assert module._timing(str(report), files, "full") == {"full": (4.0 / 12, 4.0, 0.0)}  # nothing outside the gradient phase
     timed(tail_solver="euler")
     with pytest.raises(ValueError, match=r"sampler settings .*\['tail_solver'\]"):
         module._timing(str(report), files, "full")
@@ -135,7 +139,7 @@ def test_timing_matches_a_config_that_lacks_a_key_only_where_the_other_holds_its
     # constructor's default (false) or not
     timed(_target_="jagg_lab.sampling.SDESampler")
     (run / "config.yaml").write_text("sampler:\n  _target_: jagg_lab.sampling.SDESampler\n  num_steps: 10\n  group_noise: false\n")
-    assert module._timing(str(report), files, "full") == {"full": (4.0 / 12, 4.0)}
+    assert module._timing(str(report), files, "full") == {"full": (4.0 / 12, 4.0, 0.0)}  # nothing outside the gradient phase
     (run / "config.yaml").write_text("sampler:\n  _target_: jagg_lab.sampling.SDESampler\n  num_steps: 10\n  group_noise: true\n")
     with pytest.raises(ValueError, match=r"sampler settings .*\['group_noise'\]"):
         module._timing(str(report), files, "full")
@@ -158,6 +162,50 @@ def test_the_paired_test_averages_each_arm_over_its_seeds_sample_by_sample(tmp_p
     diffs = [d - 0.7 for d in other[0]]  # full's seeds average 0.7 on every sample
     assert paired["dense_gain"] == pytest.approx(statistics.fmean(diffs))
     assert paired["dense_gain_se"] == pytest.approx(statistics.stdev(diffs) / 6 ** 0.5)
+
+
+def test_the_step_clock_charges_whole_steps_from_a_bench_step_report(tmp_path):
+    """clock=step: seconds per step are the rollout and reward plus the runs' backward items at the
+    timed seconds per item, from each experiment's SDE (or own) row of a `bench step` report; a
+    `bench arms` report, or one of several precisions, is refused naming timing."""
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(evaluation([0] * 6, [0.5] * 6, "shipped")))
+    for arm in ("full", "awm"):
+        (tmp_path / f"{arm}_seed0").mkdir()
+        (tmp_path / f"{arm}_seed0" / "eval.json").write_text(json.dumps(evaluation([1, 0, 0, 0, 0, 0], [0.6] * 6, arm)))
+    curve = tmp_path / "gain.json"
+    points = [("full", 10, 0.10), ("full", 20, 0.20), ("awm", 10, 0.30), ("awm", 20, 0.50)]
+    curve.write_text(json.dumps({"args": {"n_eval": 512, "curve_n_eval": 0}, "runs": [],
+                                 "checkpoints": [{"arm": a, "seed": 0, "steps": n, "strict_gain": g, "dense_gain": g} for a, n, g in points]}))
+
+    def row(experiment, rollout, gradient_s, items, rollout_s, precision="32-true"):
+        return {"experiment": experiment, "rollout": rollout, "precision": precision, "compile": False, "rollout_s": rollout_s,
+                "reward_s": 0.0, "gradient_s": gradient_s, "step_s": rollout_s + gradient_s, "backward_items": items}
+    # full: 2 s of rollout and 2 s for 12 items; its euler:1 row is another rollout setting, not full's training step
+    rows = [row("full", "sde", 2.0, 12, 2.0), row("full", "euler:1", 2.0, 12, 1.0), row("awm", "own", 4.0, 12, 2.0)]
+    step = tmp_path / "step.json"
+    step.write_text(json.dumps({"setting": {"grpo": {"window_size": None}}, "rows": rows}))
+    out = tmp_path / "choice"
+    cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
+           f"finals=[full={tmp_path}/full_seed*/eval.json,awm={tmp_path}/awm_seed*/eval.json]",
+           f"gains=[{curve}]", "items=[full=12,awm=12]", f"curve_base={base}", f"timing={step}", "clock=step", f"out={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "choice.json").read_text())
+    arms = {a["arm"]: a for a in result["arms"]}
+    assert arms["full"]["step_s_per_step"] == pytest.approx(4.0) and arms["awm"]["time_vs_reference"] == pytest.approx(1.5)
+    (awm,) = result["equal_time"]  # awm's 20 steps take 120 s, full's 80: awm's curve at 80 s (step 13.3) against full's end
+    assert awm["at"] == "full" and awm["steps"] == pytest.approx(40 / 3) and awm["step_s"] == pytest.approx(80)
+    assert awm["strict_gain_mean"] == pytest.approx(0.30 + 0.20 / 3) and awm["reference_strict_gain_mean"] == pytest.approx(0.20)
+    assert "Equal whole-step time" in (out / "choice.md").read_text()
+    arms_report = tmp_path / "arms.json"
+    arms_report.write_text(json.dumps({"setting": {}, "rows": [{"experiment": "full", "gradient_s": 1.0, "backward_items": 6}]}))
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps({"setting": {}, "rows": [*rows, row("full", "sde", 1.0, 12, 1.0, "bf16-mixed")]}))
+    for report, clock, why in ((arms_report, "step", "bench arms"), (step, "gradient", "bench step"), (two, "step", "precisions")):
+        bad = subprocess.run([*cmd[:-3], f"timing={report}", f"clock={clock}", f"out={tmp_path}/other"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0 and "timing" in bad.stderr and why in bad.stderr and not (tmp_path / "other").exists()
 
 
 def test_a_category_restricts_every_comparison_to_its_samples(tmp_path):
