@@ -34,6 +34,7 @@ RESULTS = "experiments/results"
 CHOICE = f"{RESULTS}/choice/table/choice.json"  # full, plain JAGG, jagg_cv, subsampling (experiments/strategy_choice.py)
 CHOICE_CAUSAL = f"{RESULTS}/choice_causal/table/choice.json"  # jagg_causal arms beside full and subsampling
 COUNTING = f"{RESULTS}/choice_counting/choice.json"  # every arm graded on the verdict set's counting samples
+OBJECTIVES = f"{RESULTS}/objectives"  # forward-process objectives beside full, all/ and counting/ (clock=step)
 SPEED = f"{RESULTS}/speed/speed.json"  # python -m jagg_lab.bench speed
 STEP_TAILS = f"{RESULTS}/step/default_tails.json"  # python -m jagg_lab.bench step, the default experiment's tails
 QUALITY = f"{RESULTS}/quality/quality.md"  # experiments/quality.py
@@ -172,6 +173,32 @@ def counting() -> str:
     return "\n".join(lines)
 
 
+def objectives() -> str:
+    """experiments/results/objectives/: each arm's whole-step seconds, its strict gain on counting
+    and on every category with the paired test against `full`, and at equal whole-step time
+    against `full`'s curve (all categories; `at`: whose end the other's curve is read at)."""
+    everything, graded = _load(f"{OBJECTIVES}/all/choice.json"), _load(f"{OBJECTIVES}/counting/choice.json")
+    by_category = {arm["arm"]: arm for arm in graded["arms"]}
+    paired = {key: {r["arm"]: r for r in result["paired"]} for key, result in (("all", everything), ("counting", graded))}
+    at_time = {r["arm"]: r for r in everything["equal_time"]}
+    lines = _header(["arm", "seeds", "whole-step s (x `full`)", "strict gain on counting", "paired z vs `full`",
+                     "strict gain, all categories", "paired z vs `full`", "equal whole-step time: arm vs `full`"])
+    for arm in everything["arms"]:
+        name = arm["arm"]
+        row = at_time.get(name)
+        if row is None:
+            equal = "-"
+        else:
+            steps = f"step {row['steps']:.0f} vs `full`'s {row['reference_steps']:.0f}"
+            equal = f"{row['strict_gain_mean']:+.3f} vs {row['reference_strict_gain_mean']:+.3f} ({steps})"
+        seconds = arm.get("step_s_per_step")
+        lines.append(_row([f"`{name}`", str(arm["seeds"]),
+                           "-" if seconds is None else f"{seconds:.2f} ({arm['time_vs_reference']:.2f})",
+                           _gain(by_category[name]), _paired_z(name, paired["counting"]),
+                           _gain(arm), _paired_z(name, paired["all"]), equal]))
+    return "\n".join(lines)
+
+
 # ---- docs/results/training.md ------------------------------------------------------------
 SHOULD_USE = [  # (arm, label, what it means): the notes are the argument of the doc, the numbers come from the files
     ("full", "`full`", "the reference"),
@@ -260,7 +287,7 @@ def step_tails() -> str:
 
 
 TABLES = {"strategies": strategies, "should_use": should_use, "choice": choice, "equal_time": equal_time, "counting": counting,
-          "quality": quality, "speed": speed, "step_tails": step_tails}
+          "quality": quality, "speed": speed, "step_tails": step_tails, "objectives": objectives}
 
 
 # ---- files -------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_readme_is_a_front_door():
         assert heading in text
     # the quickstart's two commands, unchanged
     assert ('python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m jagg_lab.train '
-            '+experiment=subsample_w6 heldout.final_n_samples=2048') in text
+            '+experiment=awm heldout.final_n_samples=2048') in text
     assert 'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest\n' in text
     # no result narrative: the front door comes before the results, and they live in docs/results/
     assert text.index("## Quickstart") < text.index("## Which strategy?") < text.index("## Extending")

@@ -39,6 +39,24 @@ def test_readme_holds_the_strategy_table_with_linked_numbers():
     assert f"[{paired['strict_gain'] / paired['strict_gain_se']:+.1f}](docs/results/learning.md#" in subsample
 
 
+def test_readme_holds_the_objectives_table_on_the_whole_step_clock():
+    """The recommendation's evidence: AWM beside `full` and `subsample_w6`, each number from
+    experiments/results/objectives/ (strategy_choice on the whole-step clock)."""
+    text = (REPO / "README.md").read_text()
+    table = text.split("<!-- table:objectives -->\n", 1)[1].split("<!-- /table -->", 1)[0]
+    rows = {r.split("|")[1].strip().strip("`"): r for r in table.strip().splitlines()[2:]}
+    assert list(rows) == ["full", "subsample_w6", "awm"]
+    result = json.loads((REPO / rt.OBJECTIVES / "all" / "choice.json").read_text())
+    assert result["args"]["clock"] == "step"
+    awm = {a["arm"]: a for a in result["arms"]}["awm"]
+    paired = {p["arm"]: p for p in result["paired"]}["awm"]
+    at_time = {r["arm"]: r for r in result["equal_time"]}["awm"]
+    assert f"{awm['step_s_per_step']:.2f} ({awm['time_vs_reference']:.2f})" in rows["awm"]
+    assert f"{awm['strict_gain_mean']:+.3f} +- {awm['strict_gain_std']:.3f}" in rows["awm"]
+    assert f"{paired['strict_gain'] / paired['strict_gain_se']:+.1f}" in rows["awm"]
+    assert f"{at_time['strict_gain_mean']:+.3f} vs {at_time['reference_strict_gain_mean']:+.3f}" in rows["awm"]
+
+
 @pytest.mark.parametrize("where", ["README.md", "docs/results/training.md"])
 def test_check_fails_when_a_committed_number_is_edited(tmp_path, where):
     copy = tmp_path / where
