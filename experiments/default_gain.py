@@ -57,18 +57,22 @@ def evaluate(out_json: Path, checkpoint: str, n: int, seed: int) -> dict:
     return json.loads(out_json.read_text())
 
 
+# a reusable base evaluation -> the keys of the samples it must have scored
+REUSED_BASES = {"base_eval": ("n_eval", "eval_seed"), "curve_base_eval": ("curve_n_eval", "curve_eval_seed")}
+
+
 def reused_base(args: Args, key: str = "base_eval") -> dict:
     """The shipped base's evaluation from `base_eval` (or `curve_base_eval`), refused unless it
-    scored the same samples (n_eval, eval_seed; or curve_n_eval, curve_eval_seed)."""
+    scored the same samples (`REUSED_BASES`)."""
     path = Path(getattr(args, key))
-    n, seed = (args.n_eval, args.eval_seed) if key == "base_eval" else (args.curve_n_eval, args.curve_eval_seed)
+    n_key, seed_key = REUSED_BASES[key]
+    n, seed = getattr(args, n_key), getattr(args, seed_key)
     if not path.is_file():
         raise SystemExit(f"{key}: no such file {path}")
     base = json.loads(path.read_text())
     got = {k: base.get("args", {}).get(k) for k in ("checkpoint", "n_samples", "seed")}
     if got != {"checkpoint": "shipped", "n_samples": n, "seed": seed}:
-        prefix = "" if key == "base_eval" else "curve_"
-        raise SystemExit(f"{key}: {path} scored {got}, not the shipped base on {prefix}n_eval={n}, {prefix}eval_seed={seed}")
+        raise SystemExit(f"{key}: {path} scored {got}, not the shipped base on {n_key}={n}, {seed_key}={seed}")
     return base
 
 
@@ -103,10 +107,7 @@ def compare_arms(args: Args) -> None:
     budget = f"00:{h:02d}:{m // 60:02d}:{m % 60:02d}"
     base = reused or evaluate(out / "base.json", "shipped", args.n_eval, args.eval_seed)
     curve_n, curve_seed = (args.curve_n_eval, args.curve_eval_seed) if args.curve_n_eval else (args.n_eval, args.eval_seed)
-    if reused_curve:
-        curve_base = reused_curve
-    else:
-        curve_base = evaluate(out / "base_curve.json", "shipped", curve_n, curve_seed) if args.curve_n_eval else base
+    curve_base = reused_curve or (evaluate(out / "base_curve.json", "shipped", curve_n, curve_seed) if args.curve_n_eval else base)
     rows = [{"arm": "base", "seed": "-", "steps": 0, **paired_gain(base, base)}]
     curve: list[dict] = []  # every scored checkpoint, then the final policy, per run
     scored: dict[tuple[str, int, int], dict] = {}  # (arm, seed, step) -> evaluation, for the paired control comparison

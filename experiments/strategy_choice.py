@@ -43,6 +43,7 @@ import inspect
 import json
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -322,7 +323,7 @@ def _timing(path: str | None, files: dict[str, list[str]], reference: str,
         seconds = {row["experiment"]: (row["gradient_s"] / row["backward_items"], row["gradient_s"], 0.0) for row in report["rows"]}
     else:
         rows = [row for row in report["rows"] if row["rollout"] in ("sde", "own") and not row.get("compile")]
-        twice = sorted({row["experiment"] for row in rows if sum(r["experiment"] == row["experiment"] for r in rows) > 1})
+        twice = sorted(name for name, n in Counter(row["experiment"] for row in rows).items() if n > 1)
         if twice:
             raise ValueError(f"timing: {path} timed {twice} in several precisions; give a report of one")
         seconds = {row["experiment"]: (row["gradient_s"] / row["backward_items"], row["step_s"],
