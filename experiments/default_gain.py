@@ -13,6 +13,13 @@ seed and step both runs were scored at). Because every policy is scored on the
 same prompts and noise, each gain comes with the standard error of the paired per-sample
 difference. Writes `OUT/gain.json` and a Markdown table `OUT/gain.md` (per run, per
 checkpoint, then mean +- std per arm).
+
+A comparison cut short (a reboot, a job's time limit) goes on with the same command plus
+`resume=true`: a run that reached its step cap or ended on its own is kept, one a signal or a
+kill stopped is resumed from its `checkpoints/last.ckpt` into `RUN_DIR_resumed1` (then
+`_resumed2`, ...; resumption is exact, each part gets `minutes` again), and an evaluation
+already written for the same checkpoint and samples is reused. A run's metrics are its parts'
+rows, each cut where the next part begins.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from omegaconf import OmegaConf
 
 from jagg_lab import cli
 from jagg_lab.evaluation import paired_gain
+from jagg_lab.rundir import unfinished_run
 
 
 @dataclass
@@ -45,6 +53,7 @@ class Args:
     curve_n_eval: int = 0  # > 0: periodic checkpoints and final policies scored on this (smaller) set for the curves
     curve_eval_seed: int = 1
     curve_base_eval: str | None = None  # an earlier evaluation of the shipped base on curve_n_eval / curve_eval_seed, reused
+    resume: bool = False  # go on with the comparison in `out` (same settings): finished runs kept, cut ones resumed
 
 
 def run(cmd: list[str]) -> None:
@@ -52,6 +61,14 @@ def run(cmd: list[str]) -> None:
 
 
 def evaluate(out_json: Path, checkpoint: str, n: int, seed: int) -> dict:
+    """`jagg_lab.evaluate` of `checkpoint` into `out_json`, or what that file already holds for
+    the same checkpoint and samples (a resumed comparison's earlier work)."""
+    try:
+        done = json.loads(out_json.read_text())
+        if {k: done["args"].get(k) for k in ("checkpoint", "n_samples", "seed")} == {"checkpoint": checkpoint, "n_samples": n, "seed": seed}:
+            return done
+    except (OSError, ValueError, KeyError, AttributeError):  # absent, or cut short mid-write
+        pass
     run(["-m", "jagg_lab.evaluate", "source=policy", f"n_samples={n}", f"seed={seed}",
          f"checkpoint={checkpoint}", f"out={out_json}"])
     return json.loads(out_json.read_text())
@@ -76,10 +93,31 @@ def reused_base(args: Args, key: str = "base_eval") -> dict:
     return base
 
 
+def run_parts(run_dir: Path) -> list[Path]:
+    """A run's directory, then those its resumptions wrote (RUN_DIR_resumed1, ...), in order."""
+    parts = [run_dir]
+    while (part := run_dir.with_name(f"{run_dir.name}_resumed{len(parts)}")).exists():
+        parts.append(part)
+    return parts
+
+
+def metrics_rows(parts: list[Path]) -> list[dict]:
+    """The metrics.csv rows of a run's parts, each part cut where the next begins (a part killed
+    after its last checkpoint logged steps that its resumption ran again)."""
+    rows: list[dict] = []
+    for part in reversed(parts):
+        path = part / "metrics.csv"
+        part_rows = list(csv.DictReader(path.open())) if path.exists() else []  # none: killed before its first step
+        if rows:
+            part_rows = [r for r in part_rows if int(r["step"]) < int(rows[0]["step"])]
+        rows = part_rows + rows
+    return rows
+
+
 def gradient_phase(run_dir: Path) -> dict:
-    """Steps, summed gradient-phase seconds and mean backward items per step of a run's metrics.csv."""
-    with open(run_dir / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
+    """Steps, summed gradient-phase seconds and mean backward items per step of a run's metrics
+    (those of its resumptions included)."""
+    rows = metrics_rows(run_parts(run_dir))
     return {"steps": len(rows), "gradient_s": sum(float(r["time_gradient_s"]) for r in rows),
             "backward_items": statistics.fmean(float(r["backward_items"]) for r in rows) if rows else 0.0}
 
@@ -92,6 +130,57 @@ def arms(args: Args) -> list[tuple[str, str, list[str]]]:
     return out
 
 
+def train(args: Args, run_dir: Path, command: list[str]) -> list[Path]:
+    """Train one run (`command`: `jagg_lab.train` and its overrides, without the run directory)
+    into `run_dir`, or, resuming, go on with what is there. The run's parts, in order."""
+    if not run_dir.exists():
+        run([*command, f"hydra.run.dir={run_dir}"])
+        return [run_dir]
+    parts = run_parts(run_dir)
+    last = parts[-1]
+    state = unfinished_run(last)
+    cap = args.max_steps if args.max_steps is not None else OmegaConf.load(last / "config.yaml").trainer.max_steps
+    try:  # a signal during the last step still lets it finish and export the policy
+        steps = json.loads((last / "summary.json").read_text())["steps"]
+    except (OSError, ValueError, KeyError):  # killed: no summary, and no policy of its last step
+        steps = 0
+    if state is None or steps >= cap:
+        print(f"resume: keeping {last}: " + ("finished" if state is None else f"all {cap} steps trained"), flush=True)
+        return parts
+    checkpoint = last / "checkpoints" / "last.ckpt"
+    if not checkpoint.exists():
+        raise SystemExit(f"resume: {last} {state}; move it away to train that part again")
+    part = run_dir.with_name(f"{run_dir.name}_resumed{len(parts)}")
+    print(f"resume: {last} {state}; resuming into {part}", flush=True)
+    run([*command, f"resume={checkpoint}", f"hydra.run.dir={part}"])
+    return [*parts, part]
+
+
+def _settings(args: Args) -> dict:
+    """What a comparison's results depend on: every argument but `resume`."""
+    return {k: v for k, v in OmegaConf.to_container(OmegaConf.structured(args)).items() if k != "resume"}
+
+
+def _start(out: Path, args: Args) -> None:
+    """Make `out` for a new comparison, or check the one a resume goes on with (same settings;
+    with none there yet, a resume starts it)."""
+    record = out / "args.json"
+    if not args.resume or not out.exists():
+        out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier comparison
+        record.write_text(json.dumps(_settings(args), indent=2) + "\n")
+        return
+    if (out / "gain.json").exists():
+        raise SystemExit(f"resume: {out} is a finished comparison (gain.json); nothing to go on with")
+    if not record.exists():
+        print(f"resume: {out} has no args.json (an older comparison): its settings are taken to be these", flush=True)
+        record.write_text(json.dumps(_settings(args), indent=2) + "\n")
+        return
+    earlier = json.loads(record.read_text())
+    differ = sorted(k for k, v in _settings(args).items() if earlier.get(k) != v)
+    if differ:
+        raise SystemExit(f"resume: {out} was started with other settings: " + ", ".join(f"{k}={earlier.get(k)!r}" for k in differ))
+
+
 def main(argv: list[str] | None = None) -> int:
     return cli.run(compare_arms, Args, "python experiments/default_gain.py", argv, description=__doc__)
 
@@ -102,7 +191,7 @@ def compare_arms(args: Args) -> None:
     if args.curve_base_eval and not args.curve_n_eval:
         raise SystemExit("curve_base_eval: give curve_n_eval too (without it the curves use the verdict set's base)")
     reused_curve = reused_base(args, "curve_base_eval") if args.curve_base_eval else None
-    out.mkdir(parents=True, exist_ok=False)  # never overwrite an earlier comparison
+    _start(out, args)
     h, m = divmod(int(args.minutes * 60), 3600)
     budget = f"00:{h:02d}:{m // 60:02d}:{m % 60:02d}"
     base = reused or evaluate(out / "base.json", "shipped", args.n_eval, args.eval_seed)
@@ -115,16 +204,16 @@ def compare_arms(args: Args) -> None:
         for seed in args.seeds:
             run_dir = out / f"{arm.replace('+', '_')}_seed{seed}"
             steps_cap = [] if args.max_steps is None else [f"trainer.max_steps={args.max_steps}"]
-            run(["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}", f"trainer.max_time={budget}",
-                 "heldout.n_samples=0", *steps_cap, f"hydra.run.dir={run_dir}", *extra, *args.overrides])
+            parts = train(args, run_dir, ["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}",
+                                          f"trainer.max_time={budget}", "heldout.n_samples=0", *steps_cap, *extra, *args.overrides])
             phase = gradient_phase(run_dir)
             steps = phase["steps"]
-            for ckpt in sorted((run_dir / "checkpoints").glob("step_*.ckpt")):
-                step = int(ckpt.stem.removeprefix("step_"))
+            checkpoints = {int(c.stem.removeprefix("step_")): c for part in parts for c in (part / "checkpoints").glob("step_*.ckpt")}
+            for step, ckpt in sorted(checkpoints.items()):
                 if step < steps:
                     scored[arm, seed, step] = evaluate(run_dir / f"eval_{ckpt.stem}.json", str(ckpt), curve_n, curve_seed)
                     curve.append({"arm": arm, "seed": seed, "steps": step, **paired_gain(scored[arm, seed, step], curve_base)})
-            policy = str(run_dir / "policy.safetensors")
+            policy = str(parts[-1] / "policy.safetensors")
             final = evaluate(run_dir / "eval.json", policy, args.n_eval, args.eval_seed)
             rows.append({"arm": arm, "seed": seed, **phase, **paired_gain(final, base)})
             if args.curve_n_eval:

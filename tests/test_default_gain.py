@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.test_train_cli import REPO
+from tests.test_train_cli import REPO, read_rows
 
 TINY_DATA = ["data.prompts_per_step=2", "data.group_size=4", "grpo.micro_batch_size=4", "sampler.num_steps=4"]
 
@@ -66,3 +66,79 @@ def test_tables_script_refuses_an_existing_output_directory(tmp_path):
     (tmp_path / "old").mkdir()
     proc = subprocess.run(["bash", "experiments/tables.sh", str(tmp_path / "old")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+def _default_gain(monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("default_gain", REPO / "experiments" / "default_gain.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "default_gain", module)  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(REPO)  # `python -m tests.faults` below
+    return module
+
+
+@pytest.mark.slow  # a training run, its resumption and five evaluations: about a minute
+def test_a_cut_comparison_resumes_its_killed_run_and_reuses_what_was_scored(tmp_path, monkeypatch):
+    """The training run is killed while writing last.ckpt of step 3 (last.ckpt stays at step 2,
+    metrics.csv already holds step 3): `resume=true` keeps the base's evaluation, resumes the run
+    from step 2 into RUN_DIR_resumed1 and counts step 3 once."""
+    gain = _default_gain(monkeypatch)
+    out = tmp_path / "gain"
+    argv = ["experiments=[jagg_w4]", "seeds=[0]", "control=false", "max_steps=3", "n_eval=4", "minutes=5", f"out={out}",
+            f"overrides=[{','.join(TINY_DATA)},checkpoint_every=1,checkpoint_every_minutes=0.000001]"]  # last.ckpt at every step
+    calls: list[list[str]] = []
+    first = gain.run
+
+    def killed_training(cmd):
+        calls.append(cmd)
+        if cmd[:2] == ["-m", "jagg_lab.train"]:
+            cmd = ["-m", "tests.faults", "last_write", "3", "KILL", *cmd[2:]]
+        first(cmd)
+
+    monkeypatch.setattr(gain, "run", killed_training)
+    with pytest.raises(subprocess.CalledProcessError):
+        gain.main(argv)
+    run_dir = out / "jagg_w4_seed0"
+    assert len(read_rows(run_dir / "metrics.csv")) == 3 and not (out / "gain.json").exists()
+    with pytest.raises(SystemExit, match="other settings: n_eval=4"):
+        gain.main([*argv, "n_eval=5", "resume=true"])  # refused, nothing run
+    assert not (out / "jagg_w4_seed0_resumed1").exists()
+
+    calls.clear()
+    monkeypatch.setattr(gain, "run", lambda cmd: (calls.append(cmd), first(cmd)))
+    assert gain.main([*argv, "resume=true"]) == 0
+    resumed = out / "jagg_w4_seed0_resumed1"
+    assert [int(r["step"]) for r in read_rows(resumed / "metrics.csv")] == [3]
+    (train_cmd,) = [c for c in calls if c[:2] == ["-m", "jagg_lab.train"]]
+    assert f"resume={run_dir / 'checkpoints' / 'last.ckpt'}" in train_cmd and f"hydra.run.dir={resumed}" in train_cmd
+    scored = [next(a for a in c if a.startswith("checkpoint=")) for c in calls if c[:2] == ["-m", "jagg_lab.evaluate"]]
+    ckpts = run_dir / "checkpoints"  # the base was scored before the cut, and is not scored again
+    assert scored == [f"checkpoint={ckpts / 'step_000001.ckpt'}", f"checkpoint={ckpts / 'step_000002.ckpt'}",
+                      f"checkpoint={resumed / 'policy.safetensors'}"]
+    result = json.loads((out / "gain.json").read_text())
+    (row,) = result["runs"][1:]
+    assert row["steps"] == 3 and [r["steps"] for r in result["checkpoints"]] == [1, 2, 3]
+    times = [float(r["time_gradient_s"]) for r in read_rows(run_dir / "metrics.csv")[:2] + read_rows(resumed / "metrics.csv")]
+    assert row["gradient_s"] == pytest.approx(sum(times))  # the killed part's step 3 is counted once, from its rerun
+    assert json.loads((run_dir / "eval.json").read_text())["args"]["checkpoint"] == str(resumed / "policy.safetensors")
+    with pytest.raises(SystemExit, match="finished comparison"):
+        gain.main([*argv, "resume=true"])
+
+
+def test_a_run_that_trained_all_its_steps_before_a_signal_is_kept_and_an_evaluation_of_the_same_samples_reused(tmp_path, monkeypatch):
+    gain = _default_gain(monkeypatch)
+    run_dir = tmp_path / "gain" / "full_seed0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("trainer:\n  max_steps: 2\n")
+    (run_dir / "metrics.csv").write_text("step,time_gradient_s,backward_items\n1,1.0,4\n2,1.5,4\n")
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 2, "interrupted": "SIGTERM"}))
+    monkeypatch.setattr(gain, "run", lambda cmd: pytest.fail(f"ran {cmd}"))
+    args = gain.Args(resume=True)
+    assert gain.train(args, run_dir, ["-m", "jagg_lab.train"]) == [run_dir]
+    assert gain.gradient_phase(run_dir) == {"steps": 2, "gradient_s": 2.5, "backward_items": 4.0}
+    scored = {"args": {"checkpoint": str(run_dir / "policy.safetensors"), "n_samples": 8, "seed": 2}, "strict_accuracy": 0.5}
+    (run_dir / "eval.json").write_text(json.dumps(scored))
+    assert gain.evaluate(run_dir / "eval.json", str(run_dir / "policy.safetensors"), 8, 2) == scored  # reused, not run
+    with pytest.raises(pytest.fail.Exception, match="ran"):
+        gain.evaluate(run_dir / "eval.json", str(run_dir / "policy.safetensors"), 8, 3)  # other samples: scored again

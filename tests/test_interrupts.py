@@ -15,7 +15,7 @@ import torch
 
 from jagg_lab.evaluate import main as evaluate
 from jagg_lab.evaluation import find_run
-from jagg_lab.rundir import ConfigError, check_fresh_run_dir
+from jagg_lab.rundir import ConfigError, check_fresh_run_dir, unfinished_run
 from tests.test_train_cli import REPO, read_rows, train
 
 SMALL = ["policy=dit_xs", "data.prompts_per_step=1", "data.group_size=4", "grpo.micro_batch_size=2", "sampler.num_steps=4",
@@ -66,6 +66,16 @@ def test_an_interrupt_during_the_verdict_keeps_the_policy_and_says_what_is_left(
     assert command[:3] == ["python", "-m", "jagg_lab.evaluate"] and "n_samples=6" in command and "seed=3" in command
     assert evaluate([*command[3:], f"out={tmp_path / 'verdict.json'}"]) == 0  # the command finishes it
     assert json.loads((tmp_path / "verdict.json").read_text())["args"]["n_samples"] == 6
+
+
+def test_a_signal_during_the_last_step_leaves_a_finished_run_not_one_to_resume(tmp_path):
+    run = tmp_path / "run"
+    proc = faulty("rollout", 2, "TERM", *SMALL, "trainer.max_steps=2", f"hydra.run.dir={run}")
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["interrupted"] == "SIGTERM" and summary["unfinished"] == []
+    assert "resume=" not in summary["next"] and (run / "policy.safetensors").is_file()
+    assert "after its last step" in unfinished_run(run)
 
 
 def test_a_run_killed_while_writing_last_ckpt_resumes_exactly_and_is_recognised(tmp_path):

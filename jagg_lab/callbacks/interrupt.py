@@ -89,6 +89,7 @@ class SafeStop(Callback):
             self.save(trainer)
         if stop:
             self.signal = self.signal or signal.SIGINT  # a rank that got no signal stops with the others
+            self.after_training = self.after_training or last  # it came during the last step: training is done all the same
             trainer.should_stop = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
