@@ -16,9 +16,9 @@ checkpoint, then mean +- std per arm).
 
 A comparison cut short (a reboot, a job's time limit) goes on with the same command plus
 `resume=true`: a run that reached its step cap or ended on its own is kept, one a signal or a
-kill stopped is resumed from its `checkpoints/last.ckpt` into `RUN_DIR_resumed1` (then
-`_resumed2`, ...; resumption is exact, each part gets `minutes` again), and an evaluation
-already written for the same checkpoint and samples is reused. A run's metrics are its parts'
+kill stopped is resumed from its newest `checkpoints/last.ckpt` into `RUN_DIR_resumed1` (then
+`_resumed2`, ...; resumption is exact, and the `minutes` budget carries over in the
+checkpoint), and an evaluation already written for the same checkpoint and samples is reused. A run's metrics are its parts'
 rows, each cut where the next part begins.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 
 from jagg_lab import cli
 from jagg_lab.evaluation import paired_gain
+from jagg_lab.checkpointing import load_checkpoint
 from jagg_lab.rundir import unfinished_run
 
 
@@ -107,17 +108,17 @@ def metrics_rows(parts: list[Path]) -> list[dict]:
     rows: list[dict] = []
     for part in reversed(parts):
         path = part / "metrics.csv"
-        part_rows = list(csv.DictReader(path.open())) if path.exists() else []  # none: killed before its first step
+        part_rows = list(csv.DictReader(path.read_text().splitlines())) if path.exists() else []  # none: killed before its first step
         if rows:
             part_rows = [r for r in part_rows if int(r["step"]) < int(rows[0]["step"])]
         rows = part_rows + rows
     return rows
 
 
-def gradient_phase(run_dir: Path) -> dict:
+def gradient_phase(run_dir: Path, parts: list[Path] | None = None) -> dict:
     """Steps, summed gradient-phase seconds and mean backward items per step of a run's metrics
-    (those of its resumptions included)."""
-    rows = metrics_rows(run_parts(run_dir))
+    (those of its resumptions included: `parts`, or the RUN_DIR_resumedK beside it)."""
+    rows = metrics_rows(parts or run_parts(run_dir))
     return {"steps": len(rows), "gradient_s": sum(float(r["time_gradient_s"]) for r in rows),
             "backward_items": statistics.fmean(float(r["backward_items"]) for r in rows) if rows else 0.0}
 
@@ -130,30 +131,46 @@ def arms(args: Args) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def train(args: Args, run_dir: Path, command: list[str]) -> list[Path]:
+def train(args: Args, run_dir: Path, command: list[str], budget_s: float) -> list[Path]:
     """Train one run (`command`: `jagg_lab.train` and its overrides, without the run directory)
     into `run_dir`, or, resuming, go on with what is there. The run's parts, in order."""
+    parts = run_parts(run_dir)
     if not run_dir.exists():
+        if len(parts) > 1:
+            raise SystemExit(f"resume: {parts[1]} continues a run that is not there ({run_dir}); move it away")
         run([*command, f"hydra.run.dir={run_dir}"])
         return [run_dir]
-    parts = run_parts(run_dir)
-    last = parts[-1]
-    state = unfinished_run(last)
-    cap = args.max_steps if args.max_steps is not None else OmegaConf.load(last / "config.yaml").trainer.max_steps
-    try:  # a signal during the last step still lets it finish and export the policy
-        steps = json.loads((last / "summary.json").read_text())["steps"]
-    except (OSError, ValueError, KeyError):  # killed: no summary, and no policy of its last step
-        steps = 0
-    if state is None or steps >= cap:
-        print(f"resume: keeping {last}: " + ("finished" if state is None else f"all {cap} steps trained"), flush=True)
+    try:
+        summary = json.loads((parts[-1] / "summary.json").read_text())
+    except (OSError, ValueError):  # killed: a run writes summary.json last
+        summary = {}
+    if summary and (summary.get("interrupted") is None or "unfinished" in summary):
+        print(f"resume: keeping {parts[-1]}: it " + ("finished" if summary.get("interrupted") is None
+                                                    else "was stopped after its last step"), flush=True)
         return parts
-    checkpoint = last / "checkpoints" / "last.ckpt"
-    if not checkpoint.exists():
-        raise SystemExit(f"resume: {last} {state}; move it away to train that part again")
+    resumable = [part for part in parts if (part / "checkpoints" / "last.ckpt").is_file()]
+    if not resumable:
+        raise SystemExit(f"resume: {run_dir} was cut before it wrote checkpoints/last.ckpt; move it away to train it again")
+    checkpoint = resumable[-1] / "checkpoints" / "last.ckpt"
+    state = load_checkpoint(checkpoint, "resume")
+    step = state.get("global_step", 0)
+    elapsed = state.get("callbacks", {}).get("Timer", {}).get("time_elapsed", {}).get("train", 0.0)
+    cap = args.max_steps if args.max_steps is not None else OmegaConf.load(resumable[-1] / "config.yaml").trainer.max_steps
+    if 0 < cap <= step or elapsed >= budget_s:  # cut after its last step: nothing left to train
+        print(f"resume: keeping {run_dir}: {checkpoint} is at step {step} of {cap}, {elapsed:.0f} s of {budget_s:.0f}", flush=True)
+        return parts
     part = run_dir.with_name(f"{run_dir.name}_resumed{len(parts)}")
-    print(f"resume: {last} {state}; resuming into {part}", flush=True)
+    print(f"resume: {parts[-1]} {unfinished_run(parts[-1])}; resuming from {checkpoint} (step {step}) into {part}", flush=True)
     run([*command, f"resume={checkpoint}", f"hydra.run.dir={part}"])
     return [*parts, part]
+
+
+def final_policy(parts: list[Path]) -> Path:
+    """The weights of a run's last step: its last part's export, or, for a part killed before it
+    exported them, the newest last.ckpt."""
+    if (parts[-1] / "policy.safetensors").is_file():
+        return parts[-1] / "policy.safetensors"
+    return next(p / "checkpoints" / "last.ckpt" for p in reversed(parts) if (p / "checkpoints" / "last.ckpt").is_file())
 
 
 def _settings(args: Args) -> dict:
@@ -172,11 +189,13 @@ def _start(out: Path, args: Args) -> None:
     if (out / "gain.json").exists():
         raise SystemExit(f"resume: {out} is a finished comparison (gain.json); nothing to go on with")
     if not record.exists():
+        if not (out / "base.json").exists() and not any(out.glob("*_seed*/config.yaml")):
+            raise SystemExit(f"resume: {out} holds no comparison (no args.json, base.json or RUN_seedS/ runs)")
         print(f"resume: {out} has no args.json (an older comparison): its settings are taken to be these", flush=True)
         record.write_text(json.dumps(_settings(args), indent=2) + "\n")
         return
-    earlier = json.loads(record.read_text())
-    differ = sorted(k for k, v in _settings(args).items() if earlier.get(k) != v)
+    earlier, now = json.loads(record.read_text()), _settings(args)
+    differ = sorted(k for k, v in earlier.items() if k in now and now[k] != v)  # a key added since: its default
     if differ:
         raise SystemExit(f"resume: {out} was started with other settings: " + ", ".join(f"{k}={earlier.get(k)!r}" for k in differ))
 
@@ -205,15 +224,16 @@ def compare_arms(args: Args) -> None:
             run_dir = out / f"{arm.replace('+', '_')}_seed{seed}"
             steps_cap = [] if args.max_steps is None else [f"trainer.max_steps={args.max_steps}"]
             parts = train(args, run_dir, ["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}",
-                                          f"trainer.max_time={budget}", "heldout.n_samples=0", *steps_cap, *extra, *args.overrides])
-            phase = gradient_phase(run_dir)
+                                          f"trainer.max_time={budget}", "heldout.n_samples=0", *steps_cap, *extra, *args.overrides],
+                          budget_s=int(args.minutes * 60))
+            phase = gradient_phase(run_dir, parts)
             steps = phase["steps"]
             checkpoints = {int(c.stem.removeprefix("step_")): c for part in parts for c in (part / "checkpoints").glob("step_*.ckpt")}
             for step, ckpt in sorted(checkpoints.items()):
                 if step < steps:
                     scored[arm, seed, step] = evaluate(run_dir / f"eval_{ckpt.stem}.json", str(ckpt), curve_n, curve_seed)
                     curve.append({"arm": arm, "seed": seed, "steps": step, **paired_gain(scored[arm, seed, step], curve_base)})
-            policy = str(parts[-1] / "policy.safetensors")
+            policy = str(final_policy(parts))
             final = evaluate(run_dir / "eval.json", policy, args.n_eval, args.eval_seed)
             rows.append({"arm": arm, "seed": seed, **phase, **paired_gain(final, base)})
             if args.curve_n_eval:

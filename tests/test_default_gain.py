@@ -126,19 +126,41 @@ def test_a_cut_comparison_resumes_its_killed_run_and_reuses_what_was_scored(tmp_
         gain.main([*argv, "resume=true"])
 
 
-def test_a_run_that_trained_all_its_steps_before_a_signal_is_kept_and_an_evaluation_of_the_same_samples_reused(tmp_path, monkeypatch):
+def test_a_run_cut_after_its_last_step_is_kept_and_an_evaluation_of_the_same_samples_reused(tmp_path, monkeypatch):
+    """Kept, not resumed: a run stopped by a signal after (or during) its last step, and one
+    killed once its last.ckpt held the step cap or the time budget (scored from that checkpoint
+    when the kill came before the export); resumed: one whose last.ckpt is short of both."""
+    import torch
     gain = _default_gain(monkeypatch)
-    run_dir = tmp_path / "gain" / "full_seed0"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text("trainer:\n  max_steps: 2\n")
-    (run_dir / "metrics.csv").write_text("step,time_gradient_s,backward_items\n1,1.0,4\n2,1.5,4\n")
-    (run_dir / "summary.json").write_text(json.dumps({"steps": 2, "interrupted": "SIGTERM"}))
-    monkeypatch.setattr(gain, "run", lambda cmd: pytest.fail(f"ran {cmd}"))
-    args = gain.Args(resume=True)
-    assert gain.train(args, run_dir, ["-m", "jagg_lab.train"]) == [run_dir]
-    assert gain.gradient_phase(run_dir) == {"steps": 2, "gradient_s": 2.5, "backward_items": 4.0}
-    scored = {"args": {"checkpoint": str(run_dir / "policy.safetensors"), "n_samples": 8, "seed": 2}, "strict_accuracy": 0.5}
-    (run_dir / "eval.json").write_text(json.dumps(scored))
-    assert gain.evaluate(run_dir / "eval.json", str(run_dir / "policy.safetensors"), 8, 2) == scored  # reused, not run
-    with pytest.raises(pytest.fail.Exception, match="ran"):
-        gain.evaluate(run_dir / "eval.json", str(run_dir / "policy.safetensors"), 8, 3)  # other samples: scored again
+    launched = []
+    monkeypatch.setattr(gain, "run", launched.append)
+    args, command = gain.Args(resume=True, max_steps=2), ["-m", "jagg_lab.train"]
+
+    def cut(name, summary=None, step=None, elapsed=0.0):
+        run_dir = tmp_path / "gain" / name
+        (run_dir / "checkpoints").mkdir(parents=True)
+        (run_dir / "metrics.csv").write_text("step,time_gradient_s,backward_items\n1,1.0,4\n2,1.5,4\n")
+        if summary is not None:
+            (run_dir / "summary.json").write_text(json.dumps(summary))
+        if step is not None:
+            torch.save({"global_step": step, "callbacks": {"Timer": {"time_elapsed": {"train": elapsed}}}},
+                       run_dir / "checkpoints" / "last.ckpt")
+        return run_dir
+
+    signalled = cut("signalled", {"steps": 2, "interrupted": "SIGTERM", "unfinished": []})
+    assert gain.train(args, signalled, command, budget_s=60) == [signalled]
+    assert gain.gradient_phase(signalled) == {"steps": 2, "gradient_s": 2.5, "backward_items": 4.0}
+    at_cap = cut("at_cap", step=2)  # killed before the export
+    assert gain.train(args, at_cap, command, budget_s=60) == [at_cap]
+    assert gain.final_policy([at_cap]) == at_cap / "checkpoints" / "last.ckpt"
+    out_of_time = cut("out_of_time", {"steps": 1, "interrupted": "SIGTERM"}, step=1, elapsed=61.0)
+    assert gain.train(args, out_of_time, command, budget_s=60) == [out_of_time] and not launched
+    short = cut("short", {"steps": 1, "interrupted": "SIGTERM"}, step=1, elapsed=30.0)
+    assert gain.train(args, short, command, budget_s=60) == [short, tmp_path / "gain" / "short_resumed1"]
+    assert launched == [[*command, f"resume={short / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={short}_resumed1"]]
+
+    scored = {"args": {"checkpoint": str(signalled / "policy.safetensors"), "n_samples": 8, "seed": 2}, "strict_accuracy": 0.5}
+    (signalled / "eval.json").write_text(json.dumps(scored))
+    assert gain.evaluate(signalled / "eval.json", str(signalled / "policy.safetensors"), 8, 2) == scored  # reused, not run
+    gain.evaluate(signalled / "eval.json", str(signalled / "policy.safetensors"), 8, 3)  # other samples: scored again
+    assert launched[-1][:2] == ["-m", "jagg_lab.evaluate"] and "seed=3" in launched[-1]

@@ -20,6 +20,8 @@ from tests.test_train_cli import REPO, read_rows, train
 
 SMALL = ["policy=dit_xs", "data.prompts_per_step=1", "data.group_size=4", "grpo.micro_batch_size=2", "sampler.num_steps=4",
          "reward=jpeg", "optimizer.lr=1e-3", "heldout.n_samples=0", "sample_every=0"]
+HELDOUT = ["heldout.n_samples=4", "heldout.num_steps=2", "heldout.batch_size=2", "heldout.every=0",
+           "heldout.final_n_samples=6", "heldout.final_seed=3"]  # held-out work only at the end: a check and a verdict
 EVERY_STEP = "checkpoint_every_minutes=0.000001"  # the wall-time writer of last.ckpt fires at every step
 
 
@@ -52,9 +54,7 @@ def test_last_ckpt_is_the_latest_step_across_timer_periodic_and_interrupt_writes
 
 def test_an_interrupt_during_the_verdict_keeps_the_policy_and_says_what_is_left(tmp_path):
     run = tmp_path / "run"
-    heldout = ["heldout.n_samples=4", "heldout.num_steps=2", "heldout.batch_size=2", "heldout.every=0",
-               "heldout.final_n_samples=6", "heldout.final_seed=3"]
-    proc = faulty("verdict", 1, "INT", *[o for o in SMALL if not o.startswith("heldout.")], *heldout,
+    proc = faulty("verdict", 1, "INT", *[o for o in SMALL if not o.startswith("heldout.")], *HELDOUT,
                   "trainer.max_steps=3", "checkpoint_every=2", f"hydra.run.dir={run}")
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
     assert "held-out verdict: 2/6 samples" in proc.stderr + proc.stdout  # progress, then the stop
@@ -68,12 +68,14 @@ def test_an_interrupt_during_the_verdict_keeps_the_policy_and_says_what_is_left(
     assert json.loads((tmp_path / "verdict.json").read_text())["args"]["n_samples"] == 6
 
 
-def test_a_signal_during_the_last_step_leaves_a_finished_run_not_one_to_resume(tmp_path):
+@pytest.mark.parametrize("heldout,left", [([], []), (HELDOUT, ["end-of-run held-out evaluation", "held-out verdict"])])
+def test_a_signal_during_the_last_step_leaves_a_finished_run_that_names_what_it_left(tmp_path, heldout, left):
     run = tmp_path / "run"
-    proc = faulty("rollout", 2, "TERM", *SMALL, "trainer.max_steps=2", f"hydra.run.dir={run}")
+    proc = faulty("rollout", 2, "TERM", *[o for o in SMALL if not (heldout and o.startswith("heldout."))], *heldout,
+                  "trainer.max_steps=2", f"hydra.run.dir={run}")
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["interrupted"] == "SIGTERM" and summary["unfinished"] == []
+    assert summary["steps"] == 2 and summary["interrupted"] == "SIGTERM" and summary["unfinished"] == left
     assert "resume=" not in summary["next"] and (run / "policy.safetensors").is_file()
     assert "after its last step" in unfinished_run(run)
 

@@ -181,8 +181,8 @@ class HeldoutEval(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         done = self.latest is not None and self.latest["step"] == trainer.global_step
         stop = next((c for c in trainer.callbacks if isinstance(c, SafeStop)), None)
-        if not self.enabled or (stop is not None and stop.stopping):  # a run interrupted in training ends at once
-            return
+        if not self.enabled or (stop is not None and stop.stopping and not stop.after_training):
+            return  # a run interrupted in training ends at once; one stopped in its last step says what it left
         self._stop = stop
         try:
             self._end(trainer, pl_module, done)

@@ -55,7 +55,7 @@ class SafeStop(Callback):
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # the second Ctrl-C: quit now
         self.signal = signum
-        self.after_training = self.training_done
+        self.after_training = self.after_training or self.training_done  # a second signal does not undo it
         if self.training_done:
             log.warning("%s received: skipping the rest of the end-of-run evaluation; the policy is still exported "
                         "(Ctrl-C again to quit at once)", signal.Signals(signum).name)
