@@ -28,12 +28,13 @@ import json
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
+from jagg_lab.evaluate import EvalArgs
 from jagg_lab.evaluation import paired_gain
 from jagg_lab.checkpointing import load_checkpoint
 from jagg_lab.rundir import unfinished_run
@@ -63,10 +64,11 @@ def run(cmd: list[str]) -> None:
 
 def evaluate(out_json: Path, checkpoint: str, n: int, seed: int) -> dict:
     """`jagg_lab.evaluate` of `checkpoint` into `out_json`, or what that file already holds for
-    the same checkpoint and samples (a resumed comparison's earlier work)."""
+    the same checkpoint, samples and sampler settings (a resumed comparison's earlier work)."""
+    settings = asdict(EvalArgs(source="policy", n_samples=n, seed=seed, checkpoint=checkpoint))
     try:
         done = json.loads(out_json.read_text())
-        if {k: done["args"].get(k) for k in ("checkpoint", "n_samples", "seed")} == {"checkpoint": checkpoint, "n_samples": n, "seed": seed}:
+        if all(done["args"].get(k) == v for k, v in settings.items() if k != "out"):  # also the sampler's defaults
             return done
     except (OSError, ValueError, KeyError, AttributeError):  # absent, or cut short mid-write
         pass

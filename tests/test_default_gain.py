@@ -159,8 +159,15 @@ def test_a_run_cut_after_its_last_step_is_kept_and_an_evaluation_of_the_same_sam
     assert gain.train(args, short, command, budget_s=60) == [short, tmp_path / "gain" / "short_resumed1"]
     assert launched == [[*command, f"resume={short / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={short}_resumed1"]]
 
-    scored = {"args": {"checkpoint": str(signalled / "policy.safetensors"), "n_samples": 8, "seed": 2}, "strict_accuracy": 0.5}
+    from dataclasses import asdict
+    from jagg_lab.evaluate import EvalArgs
+    policy = str(signalled / "policy.safetensors")
+    scored = {"args": asdict(EvalArgs(n_samples=8, seed=2, checkpoint=policy, out="elsewhere.json")), "strict_accuracy": 0.5}
     (signalled / "eval.json").write_text(json.dumps(scored))
-    assert gain.evaluate(signalled / "eval.json", str(signalled / "policy.safetensors"), 8, 2) == scored  # reused, not run
-    gain.evaluate(signalled / "eval.json", str(signalled / "policy.safetensors"), 8, 3)  # other samples: scored again
+    assert gain.evaluate(signalled / "eval.json", policy, 8, 2) == scored and len(launched) == 1  # reused, not run
+    gain.evaluate(signalled / "eval.json", policy, 8, 3)  # other samples: scored again
     assert launched[-1][:2] == ["-m", "jagg_lab.evaluate"] and "seed=3" in launched[-1]
+    scored["args"]["num_steps"] = 10  # sampled otherwise (an evaluation default changed since): scored again
+    (signalled / "eval.json").write_text(json.dumps(scored))
+    gain.evaluate(signalled / "eval.json", policy, 8, 2)
+    assert len(launched) == 3
