@@ -18,8 +18,8 @@ A comparison cut short (a reboot, a job's time limit) goes on with the same comm
 `resume=true`: a run that reached its step cap or ended on its own is kept, one a signal or a
 kill stopped is resumed from its newest `checkpoints/last.ckpt` into `RUN_DIR_resumed1` (then
 `_resumed2`, ...; resumption is exact, and the `minutes` budget carries over in the
-checkpoint), and an evaluation already written for the same checkpoint and samples is reused. A run's metrics are its parts'
-rows, each cut where the next part begins.
+checkpoint), and an evaluation already written with the same checkpoint, samples and sampler
+settings is reused. A run's metrics are its parts' rows, each cut where the next part begins.
 """
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
+from jagg_lab.checkpointing import load_checkpoint
 from jagg_lab.evaluate import EvalArgs
 from jagg_lab.evaluation import paired_gain
-from jagg_lab.checkpointing import load_checkpoint
-from jagg_lab.rundir import unfinished_run
+from jagg_lab.rundir import run_summary, unfinished_run
 
 
 @dataclass
@@ -142,11 +142,8 @@ def train(args: Args, run_dir: Path, command: list[str], budget_s: float) -> lis
             raise SystemExit(f"resume: {parts[1]} continues a run that is not there ({run_dir}); move it away")
         run([*command, f"hydra.run.dir={run_dir}"])
         return [run_dir]
-    try:
-        summary = json.loads((parts[-1] / "summary.json").read_text())
-    except (OSError, ValueError):  # killed: a run writes summary.json last
-        summary = {}
-    if summary and (summary.get("interrupted") is None or "unfinished" in summary):
+    summary = run_summary(parts[-1])  # None: killed
+    if summary is not None and (summary.get("interrupted") is None or "unfinished" in summary):
         print(f"resume: keeping {parts[-1]}: it " + ("finished" if summary.get("interrupted") is None
                                                     else "was stopped after its last step"), flush=True)
         return parts

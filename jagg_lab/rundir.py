@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.fabric.loggers.logger import rank_zero_experiment
 
-__all__ = ["ConfigError", "check_fresh_run_dir", "unfinished_run", "run_logger", "RUN_OUTPUTS", "remove_run_outputs"]
+__all__ = ["ConfigError", "check_fresh_run_dir", "run_summary", "unfinished_run", "run_logger", "RUN_OUTPUTS", "remove_run_outputs"]
 
 _RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")
 
@@ -19,15 +19,20 @@ class ConfigError(ValueError):
     """An invalid configuration, reported before any work starts."""
 
 
+def run_summary(run_dir: Path) -> dict | None:
+    """A run's summary.json, or None for a run killed before it wrote it (a run writes it last,
+    with `interrupted` set if a signal stopped it, and `unfinished` if that came after training)."""
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):  # absent, or cut short mid-write
+        return None
+
+
 def unfinished_run(run_dir: Path) -> str | None:
     """What a run directory left by a killed or interrupted run is, and how to go on from it
-    (None for a run that finished). A run writes summary.json last, with `interrupted` set if a
-    signal stopped it; a killed run never writes it."""
+    (None for a run that finished)."""
     run_dir = Path(run_dir)
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):  # absent, or cut short mid-write
-        summary = {"interrupted": "killed"}
+    summary = run_summary(run_dir) or {"interrupted": "killed"}
     interrupted = summary.get("interrupted")
     if interrupted is None:
         return None

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.scripts import load_script
 from tests.test_train_cli import REPO, read_rows
 
 TINY_DATA = ["data.prompts_per_step=2", "data.group_size=4", "grpo.micro_batch_size=4", "sampler.num_steps=4"]
@@ -69,13 +70,8 @@ def test_tables_script_refuses_an_existing_output_directory(tmp_path):
 
 
 def _default_gain(monkeypatch):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("default_gain", REPO / "experiments" / "default_gain.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "default_gain", module)  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
     monkeypatch.chdir(REPO)  # `python -m tests.faults` below
-    return module
+    return load_script("default_gain", monkeypatch)
 
 
 @pytest.mark.slow  # a training run, its resumption and five evaluations: about a minute

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.scripts import load_script
 from tests.test_train_cli import REPO
 
 ARGS = {"source": "policy", "n_samples": 6, "seed": 2, "split": "heldout", "resolution": 32, "num_steps": 20,
@@ -115,12 +116,7 @@ def test_equal_time_reads_the_reference_curve_at_each_arms_gradient_seconds(tmp_
 
 
 def test_timing_matches_a_config_that_lacks_a_key_only_where_the_other_holds_its_default(tmp_path, monkeypatch):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("strategy_choice", REPO / "experiments" / "strategy_choice.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))  # it imports its sibling default_gain
-    monkeypatch.setitem(sys.modules, "strategy_choice", module)  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
+    module = load_script("strategy_choice", monkeypatch)
     report = tmp_path / "timing.json"
 
     def timed(**sampler):
