@@ -3,7 +3,9 @@
     python experiments/collate.py runs=outputs/multirun/sweep_windows/<time> [out=DIR] [tail_frac=0.2]
 
 `runs` is any directory holding `jagg_lab.train` runs at any depth (a Hydra multirun
-directory, experiments/quality.py's OUT/runs, outputs/runs). Writes into `out` (default
+directory, experiments/quality.py's OUT/runs, outputs/runs). A run resumed into a new
+directory is one run with the part it resumed (named by the first part's directory; metrics and
+held-out evaluations joined, each part cut where the next begins). Writes into `out` (default
 RUNS/collated; an existing directory is refused):
 
 - `runs.csv`: one row per run (columns below); `groups.csv`: mean and std over the runs of

@@ -5,7 +5,10 @@ A run is a directory written by `python -m jagg_lab.train` holding `config.yaml`
 `metrics.csv` (one row per optimizer step), and maybe `eval.json` (experiments/quality.py),
 `heldout.csv` (its held-out evaluations, paired with the base) and `heldout_final.json` (its
 held-out verdict).
-A Hydra multirun directory holds one run per job; `load_runs` finds them at any depth.
+A Hydra multirun directory holds one run per job; `load_runs` finds them at any depth. A run
+resumed into a new directory (`resume=RUN/checkpoints/last.ckpt hydra.run.dir=NEW`) is one run
+with the one it resumed: `load_runs` joins such parts, each cut where the next begins (a run
+killed after its last checkpoint logged steps its resumption trained again).
 
 Training time is the sum of the `time_rollout_s`, `time_reward_s` and `time_gradient_s`
 columns, i.e. the work of the GRPO steps without start-up, logging or checkpointing. A row
@@ -28,7 +31,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 __all__ = [
-    "TIME_COLUMNS", "ROUTING_REGIONS", "Run", "flatten", "find_runs", "load_run", "load_runs", "step_times",
+    "TIME_COLUMNS", "ROUTING_REGIONS", "Run", "flatten", "find_runs", "load_run", "load_runs", "resume_chains", "join_parts", "step_times",
     "tail_mean", "swept_keys", "run_label", "summarize", "equal_time", "runs_table", "aggregate", "mean_std_table",
     "markdown_table",
 ]
@@ -106,14 +109,82 @@ def _numbers(path: Path) -> dict[str, float]:
 
 
 def load_runs(root: str | Path) -> list[Run]:
-    """Every training run under `root`; directories that are not GRPO runs are skipped (logged)."""
-    runs = []
+    """Every training run under `root`, resumed parts joined (`join_parts`); directories that are
+    not GRPO runs are skipped (logged)."""
+    loaded = []
     for path in find_runs(root):
         try:
-            runs.append(load_run(path))
+            loaded.append(load_run(path))
         except (ValueError, pd.errors.EmptyDataError) as err:
             log.warning("skipping %s: %s", path, err)
-    return runs
+    return [join_parts(chain) if len(chain) > 1 else chain[0] for chain in resume_chains(loaded)]
+
+
+def _resumed_from(run: Run, runs: list[Run]) -> Run | None:
+    """The run among `runs` whose checkpoint `run` was resumed from (config `resume`), if there.
+    The path was given relative to where training ran, so it is matched as the tail of a run's path."""
+    resume = run.config.get("resume")
+    if not resume:
+        return None
+    checkpoint = Path(str(resume))
+    source = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    tail = source.parts
+    matches = [r for r in runs if r is not run and tail and (r.path.resolve() == source.resolve() if source.is_absolute()
+                                                            else r.path.resolve().parts[-len(tail):] == tail)]
+    if len(matches) > 1:
+        log.warning("%s resumed from %s, which matches %d runs; not joined", run.path, resume, len(matches))
+        return None
+    return matches[0] if matches else None
+
+
+def resume_chains(runs: list[Run]) -> list[list[Run]]:
+    """`runs` grouped into chains of parts, each resumed from the one before it, in the order of
+    their first parts. A run resumed twice from one part (two branches) starts a chain of its own;
+    a resumption that trained no step (killed at once) holds nothing and is left out."""
+    parent = {id(run): _resumed_from(run, runs) for run in runs}
+    empty = {id(run) for run in runs if parent[id(run)] is not None and run.metrics.empty}
+    for run in runs:  # a resumption of an empty part continues the part that one resumed
+        while parent[id(run)] is not None and id(parent[id(run)]) in empty:
+            parent[id(run)] = parent[id(parent[id(run)])]
+    runs = [run for run in runs if id(run) not in empty]
+    children: dict[int, list[Run]] = {}
+    for run in runs:
+        if parent[id(run)] is not None:
+            children.setdefault(id(parent[id(run)]), []).append(run)
+    chains = []
+    for run in runs:
+        source = parent[id(run)]
+        if source is not None and len(children[id(source)]) == 1:
+            continue  # a continuation: it joins its source's chain
+        chain = [run]
+        while len(children.get(id(chain[-1]), [])) == 1 and all(children[id(chain[-1])][0] is not r for r in chain):
+            chain.append(children[id(chain[-1])][0])
+        chains.append(chain)
+    return chains
+
+
+def _cut(frames: list[pd.DataFrame | None], begins: list[float]) -> pd.DataFrame | None:
+    """Step-indexed tables of consecutive parts as one: each part's rows before the step the next
+    part begins at (`begins`, its first trained step; inf for a part that trained none)."""
+    ends = [min(begins[i + 1:], default=math.inf) for i in range(len(begins))]
+    kept = [f[f["step"] < end] for f, end in zip(frames, ends) if f is not None]
+    return pd.concat(kept, ignore_index=True) if kept else None
+
+
+def join_parts(parts: list[Run]) -> Run:
+    """A run and its resumptions as one run: the first part's path and `resume`, the last part's
+    config otherwise, metrics and held-out evaluations joined, eval.json and the verdict of the
+    last part that has them."""
+    begins = [p.metrics["step"].min() if len(p.metrics) else math.inf for p in parts]  # none: killed before a step
+    metrics = _cut([p.metrics.drop(columns=["time_s", "trained_s"]) for p in parts], begins)
+    seconds = step_times(metrics)
+    metrics["time_s"] = seconds.cumsum()
+    metrics["trained_s"] = metrics["time_s"] - seconds
+    config = {**parts[-1].config, "resume": parts[0].config.get("resume")}
+    return Run(path=parts[0].path, config=config, metrics=metrics,
+               eval=next((p.eval for p in reversed(parts) if p.eval), {}),
+               heldout=_cut([p.heldout for p in parts], begins),
+               verdict=next((p.verdict for p in reversed(parts) if p.verdict), {}))
 
 
 def tail_mean(values: pd.Series, tail_frac: float = 0.2) -> float:

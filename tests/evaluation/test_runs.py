@@ -4,13 +4,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jagg_lab.evaluation.runs import aggregate, load_run, markdown_table, summarize
+from jagg_lab.evaluation.runs import aggregate, load_run, load_runs, markdown_table, summarize
 
 
-def fake_run(path: Path, seed: int, window: int, rewards: list[float], gradient_s: list[float], cosines=None) -> Path:
+def fake_run(path: Path, seed: int, window: int, rewards: list[float], gradient_s: list[float], cosines=None,
+             first_step: int = 1, resume: str | None = None) -> Path:
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(f"seed: {seed}\nstrategy:\n  window: {window}\ndata:\n  seed: {seed}\n")
-    metrics = pd.DataFrame({"step": range(1, len(rewards) + 1), "reward_mean": rewards, "time_rollout_s": 1.0,
+    (path / "config.yaml").write_text(f"seed: {seed}\nstrategy:\n  window: {window}\ndata:\n  seed: {seed}\n"
+                                      f"resume: {resume or 'null'}\n")
+    metrics = pd.DataFrame({"step": range(first_step, first_step + len(rewards)), "reward_mean": rewards, "time_rollout_s": 1.0,
                             "time_reward_s": 0.0, "time_gradient_s": gradient_s})
     if cosines is not None:
         metrics["grad_cosine"] = cosines
@@ -28,6 +30,40 @@ def test_summaries_correct_diagnostic_time_and_cut_at_equal_time(tmp_path):
     assert row["reward_final"] == pytest.approx(0.35)  # last 2 of 5 steps
     assert row["reward_at_time"] == pytest.approx(0.15)  # policies trained <= 6 s: steps 1-3, the last 2 of them
     assert row["grad_cosine"] == pytest.approx(0.9) and row["time_gradient_s"] == pytest.approx(2.0)
+
+
+def test_a_run_resumed_into_new_directories_is_one_run_cut_where_each_part_begins(tmp_path):
+    # `a` was killed after step 5 with its last checkpoint at step 3; `a_resumed1` trained 4-6 again
+    # from it, was killed, `a_resumed2` was killed before a step and `a_resumed3` went on from `a_resumed1`'s step 6. Their resume paths are relative
+    # to where training ran (tmp_path), as the command line gave them.
+    root = tmp_path / "outputs" / "sweep"
+    fake_run(root / "a", 0, 4, [0.1, 0.2, 0.3, 0.9, 0.9], [1.0] * 5)
+    fake_run(root / "a_resumed1", 0, 4, [0.4, 0.5, 0.6], [2.0] * 3, first_step=4,
+             resume="outputs/sweep/a/checkpoints/last.ckpt")
+    fake_run(root / "a_resumed2", 0, 4, [], [], resume="outputs/sweep/a_resumed1/checkpoints/last.ckpt")  # killed at once
+    fake_run(root / "a_resumed3", 0, 4, [0.7], [3.0], first_step=7, resume="outputs/sweep/a_resumed1/checkpoints/last.ckpt")
+    pd.DataFrame({"step": [2, 4], "strict_gain": [0.1, 0.9]}).to_csv(root / "a" / "heldout.csv", index=False)
+    pd.DataFrame({"step": [6], "strict_gain": [0.3]}).to_csv(root / "a_resumed1" / "heldout.csv", index=False)
+    (root / "a_resumed3" / "eval.json").write_text('{"strict_accuracy": 0.5}')
+    fake_run(root / "b", 1, 4, [0.2, 0.3], [1.0, 1.0])  # another seed, not resumed
+
+    runs = load_runs(root)
+    assert [r.path.name for r in runs] == ["a", "b"]
+    run = runs[0]
+    assert run.metrics["step"].tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert run.metrics["reward_mean"].tolist() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    assert run.metrics["time_s"].tolist() == [2.0, 4.0, 6.0, 9.0, 12.0, 15.0, 19.0]
+    assert run.heldout["step"].tolist() == [2, 6] and run.eval == {"strict_accuracy": 0.5}
+    assert run.config["resume"] is None  # a swept key only where the first parts differ
+
+
+def test_two_runs_resumed_from_one_checkpoint_are_branches_not_parts(tmp_path):
+    fake_run(tmp_path / "a", 0, 4, [0.1, 0.2], [1.0, 1.0])
+    for name in ("lr_low", "lr_high"):
+        fake_run(tmp_path / name, 0, 4, [0.3], [1.0], first_step=3, resume=str(tmp_path / "a" / "checkpoints" / "last.ckpt"))
+    runs = load_runs(tmp_path)
+    assert sorted(r.path.name for r in runs) == ["a", "lr_high", "lr_low"]
+    assert all(len(r.metrics) == (2 if r.path.name == "a" else 1) for r in runs)
 
 
 def test_aggregate_gives_mean_and_sample_std_over_seeds(tmp_path):
