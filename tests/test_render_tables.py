@@ -46,7 +46,7 @@ def test_readme_holds_the_objectives_table_on_the_whole_step_clock():
     text = (REPO / "README.md").read_text()
     table = text.split("<!-- table:objectives -->\n", 1)[1].split("<!-- /table -->", 1)[0]
     rows = {r.split("|")[1].strip().strip("`"): r for r in table.strip().splitlines()[2:]}
-    assert list(rows) == ["full", "subsample_w6", "awm", "flow_grpo_fast", "mixgrpo"]
+    assert list(rows) == ["full", "subsample_w6", "awm", "nft", "flow_grpo_fast", "mixgrpo"]
     result = json.loads((REPO / rt.OBJECTIVES / "all" / "choice.json").read_text())
     assert result["args"]["clock"] == "step"
     awm = {a["arm"]: a for a in result["arms"]}["awm"]
