@@ -91,13 +91,16 @@ def load_run(path: str | Path) -> Run:
     missing = [c for c in ("step", "reward_mean", *TIME_COLUMNS) if c not in metrics]
     if missing:
         raise ValueError(f"{path / 'metrics.csv'} is not a jagg_lab.train log (missing {', '.join(missing)})")
-    metrics = metrics.sort_values("step", ignore_index=True)
-    seconds = step_times(metrics)
-    metrics["time_s"] = seconds.cumsum()
-    metrics["trained_s"] = metrics["time_s"] - seconds
+    metrics = _with_times(metrics.sort_values("step", ignore_index=True))
     heldout = pd.read_csv(path / "heldout.csv").sort_values("step", ignore_index=True) if (path / "heldout.csv").is_file() else None
     return Run(path=path, config=config, metrics=metrics, eval=_numbers(path / "eval.json"), heldout=heldout,
                verdict=_numbers(path / "heldout_final.json"))
+
+
+def _with_times(metrics: pd.DataFrame) -> pd.DataFrame:
+    """`metrics` with `time_s` (training seconds at the end of each row) and `trained_s` (before its rollout)."""
+    seconds = step_times(metrics)
+    return metrics.assign(time_s=seconds.cumsum(), trained_s=seconds.cumsum() - seconds)
 
 
 def _numbers(path: Path) -> dict[str, float]:
@@ -128,9 +131,8 @@ def _resumed_from(run: Run, runs: list[Run]) -> Run | None:
         return None
     checkpoint = Path(str(resume))
     source = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    tail = source.parts
-    matches = [r for r in runs if r is not run and tail and (r.path.resolve() == source.resolve() if source.is_absolute()
-                                                            else r.path.resolve().parts[-len(tail):] == tail)]
+    tail = source.resolve().parts if source.is_absolute() else source.parts
+    matches = [r for r in runs if r is not run and tail and r.path.resolve().parts[-len(tail):] == tail]
     if len(matches) > 1:
         log.warning("%s resumed from %s, which matches %d runs; not joined", run.path, resume, len(matches))
         return None
@@ -176,10 +178,7 @@ def join_parts(parts: list[Run]) -> Run:
     config otherwise, metrics and held-out evaluations joined, eval.json and the verdict of the
     last part that has them."""
     begins = [p.metrics["step"].min() if len(p.metrics) else math.inf for p in parts]  # none: killed before a step
-    metrics = _cut([p.metrics.drop(columns=["time_s", "trained_s"]) for p in parts], begins)
-    seconds = step_times(metrics)
-    metrics["time_s"] = seconds.cumsum()
-    metrics["trained_s"] = metrics["time_s"] - seconds
+    metrics = _with_times(_cut([p.metrics for p in parts], begins))
     config = {**parts[-1].config, "resume": parts[0].config.get("resume")}
     return Run(path=parts[0].path, config=config, metrics=metrics,
                eval=next((p.eval for p in reversed(parts) if p.eval), {}),
