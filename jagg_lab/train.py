@@ -184,6 +184,9 @@ def main(cfg: DictConfig) -> None:
     interrupted = signal.Signals(stop.signal).name if stop.signal is not None else None
     if owner:
         summary.report(trainer, heldout, list(HydraConfig.get().overrides.task), interrupted, trained=stop.after_training)
+    if stop.orphaned:  # a sweep's worker whose sweep was killed: end the process, not just the job
+        logging.shutdown()
+        os._exit(128 + stop.signal)
     if interrupted:
         sys.exit(128 + stop.signal)  # the shell's convention for a process ended by a signal
 

@@ -5,14 +5,19 @@ an uninterrupted run, and the directory it leaves is recognised by the next comm
 
 The faults are injected by `python -m tests.faults` (a signal at a chosen point of the run)."""
 import json
+import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
 
+import psutil
 import pytest
 import torch
 
+from jagg_lab.callbacks.interrupt import SafeStop
 from jagg_lab.evaluate import main as evaluate
 from jagg_lab.evaluation import find_run
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, unfinished_run
@@ -125,3 +130,54 @@ def test_a_run_killed_anywhere_resumes_from_its_latest_checkpoint_to_the_uninter
     train(*SMALL, "trainer.max_steps=4", "checkpoint_every=2", EVERY_STEP, f"resume={last}", f"hydra.run.dir={resumed}")
     rows = read_rows(resumed / "metrics.csv")
     assert [int(r["step"]) for r in rows] == list(range(step + 1, 5)) and same_rows(rows, straight[step:])
+
+
+def test_a_job_whose_parent_process_has_ended_stops_as_on_sigterm(tmp_path, monkeypatch):
+    """The watcher of a sweep's worker: once the parent id is no longer the one it started with
+    (the parent ended and the process was handed on), SafeStop's own handler gets a SIGTERM."""
+    stop = SafeStop(tmp_path)
+    monkeypatch.setattr(SafeStop, "POLL_S", 0.01)
+    previous = signal.signal(signal.SIGTERM, stop._handle)
+    try:
+        watcher = threading.Thread(target=stop._watch_parent, args=(os.getppid(),))
+        watcher.start()
+        time.sleep(0.1)
+        assert stop.signal is None and not stop.orphaned  # the parent is still there: nothing happens
+        stop._done_watching.set()
+        watcher.join(5)
+        stop._done_watching.clear()
+        stop._watch_parent(os.getppid() + 1)  # not our parent: it has "ended"
+        deadline = time.monotonic() + 5
+        while stop.signal is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler runs in the main thread, at its next bytecode
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stop.signal == signal.SIGTERM and stop.orphaned and stop.stopping
+
+
+@pytest.mark.slow
+def test_killing_a_local_sweep_stops_every_job_cleanly_and_leaves_no_worker(tmp_path):
+    """`kill PID` of a `--multirun hydra/launcher=local` sweep reaches only its own process; its
+    joblib workers see it gone, finish their step, write last.ckpt and the policy, and exit."""
+    sweep = tmp_path / "sweep"
+    parent = subprocess.Popen([sys.executable, "-m", "jagg_lab.train", "--multirun", "hydra/launcher=local", *SMALL,
+                               "seed=0,1", "trainer.max_steps=100000", f"hydra.sweep.dir={sweep}"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not all((sweep / job / "metrics.csv").is_file() for job in ("0", "1")):  # both jobs are training
+            assert parent.poll() is None and time.monotonic() < deadline, "the sweep did not start both jobs"
+            time.sleep(0.5)
+        workers = psutil.Process(parent.pid).children(recursive=True)
+        parent.terminate()
+        parent.wait(30)
+        gone, alive = psutil.wait_procs(workers, timeout=120)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    for job in ("0", "1"):
+        run = sweep / job
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["interrupted"] == "SIGTERM" and (run / "policy.safetensors").is_file()
+        assert step_in(run / "checkpoints" / "last.ckpt") == summary["steps"] == len(read_rows(run / "metrics.csv")) > 0

@@ -10,6 +10,11 @@ held-out evaluation and verdict, the export) a signal cuts the held-out work sho
 signal and at the end of training, by this callback alone, over the same name (a second
 writer would make Lightning version the name: `last-v1.ckpt`).
 
+A job of a sweep run in a worker process (`--multirun hydra/launcher=local`: Hydra's joblib
+launcher) stops in the same way when the sweep's process ends, however it ended (`kill PID`,
+SIGKILL, a closed terminal): the workers are not in its signal's way, and would otherwise go on
+training with nobody to collect them. Each job then has its `last.ckpt` to resume from.
+
 A second SIGINT quits at once, without saving. Across processes, the stop is decided at the
 end of each step by all ranks together (any rank that received a signal stops them all), and
 rank 0's clock decides the timed checkpoints, so every rank takes part in the same saves.
@@ -17,7 +22,10 @@ rank 0's clock decides the timed checkpoints, so every rank takes part in the sa
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -34,9 +42,13 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class SafeStop(Callback):
     """dirpath: the checkpoint directory (last.ckpt is written there). every_minutes: refresh
     last.ckpt at this wall-time interval (0 = off). every_n_steps: also every N optimizer
-    steps (0 = off); the last step is always written."""
+    steps (0 = off); the last step is always written. stop_with_parent: in a process started by
+    multiprocessing (a sweep's worker), stop as on SIGTERM once the parent process has ended."""
 
-    def __init__(self, dirpath: str | Path, every_minutes: float = 10.0, every_n_steps: int = 0):
+    POLL_S = 1.0  # how often a worker looks for its parent
+
+    def __init__(self, dirpath: str | Path, every_minutes: float = 10.0, every_n_steps: int = 0,
+                 stop_with_parent: bool = True):
         if every_minutes < 0:
             raise ValueError(f"checkpoint_every_minutes must be >= 0, got {every_minutes}")
         if every_n_steps < 0:
@@ -50,6 +62,9 @@ class SafeStop(Callback):
         self._previous: dict[int, object] = {}
         self._last_save = 0.0
         self._saved_step: int | None = None
+        self.stop_with_parent = stop_with_parent
+        self.orphaned = False  # the parent process ended: nobody will collect this process's result
+        self._done_watching = threading.Event()
 
     def _handle(self, signum: int, frame) -> None:
         if self.signal is not None and signum == signal.SIGINT:
@@ -77,6 +92,19 @@ class SafeStop(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
         self._previous = {sig: signal.signal(sig, self._handle) for sig in _SIGNALS}
+        if self.stop_with_parent and multiprocessing.parent_process() is not None:
+            self._done_watching.clear()
+            threading.Thread(target=self._watch_parent, args=(os.getppid(),), name="SafeStop-parent", daemon=True).start()
+
+    def _watch_parent(self, parent: int) -> None:
+        """Signal this process with SIGTERM once `parent` has ended (an orphan is handed to another
+        parent, so its parent id changes); the handler runs in the main thread as for a real one."""
+        while not self._done_watching.wait(self.POLL_S):
+            if os.getppid() != parent:
+                self.orphaned = True
+                log.warning("the sweep's process %d has ended: stopping this job as on SIGTERM", parent)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         stop = trainer.strategy.reduce_boolean_decision(self.signal is not None, all=False)
@@ -100,6 +128,7 @@ class SafeStop(Callback):
         self.training_done = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._done_watching.set()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
