@@ -23,7 +23,6 @@ settings is reused. A run's metrics are its parts' rows, each cut where the next
 """
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import subprocess
@@ -31,12 +30,14 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
 from jagg_lab.checkpointing import load_checkpoint
 from jagg_lab.evaluate import EvalArgs
 from jagg_lab.evaluation import paired_gain
+from jagg_lab.evaluation.runs import join_steps
 from jagg_lab.rundir import run_summary, unfinished_run
 
 
@@ -104,25 +105,20 @@ def run_parts(run_dir: Path) -> list[Path]:
     return parts
 
 
-def metrics_rows(parts: list[Path]) -> list[dict]:
-    """The metrics.csv rows of a run's parts, each part cut where the next begins (a part killed
-    after its last checkpoint logged steps that its resumption ran again)."""
-    rows: list[dict] = []
-    for part in reversed(parts):
-        path = part / "metrics.csv"
-        part_rows = list(csv.DictReader(path.read_text().splitlines())) if path.exists() else []  # none: killed before its first step
-        if rows:
-            part_rows = [r for r in part_rows if int(r["step"]) < int(rows[0]["step"])]
-        rows = part_rows + rows
-    return rows
+def run_metrics(parts: list[Path]) -> pd.DataFrame:
+    """The metrics.csv of a run's parts as one table, each part cut where the next begins
+    (`jagg_lab.evaluation.runs.join_steps`; a part killed before its first step has none)."""
+    frames = [pd.read_csv(part / "metrics.csv") if (part / "metrics.csv").is_file() else None for part in parts]
+    joined = join_steps(frames)
+    return joined if joined is not None else pd.DataFrame(columns=["step", "time_gradient_s", "backward_items"])
 
 
 def gradient_phase(run_dir: Path, parts: list[Path] | None = None) -> dict:
     """Steps, summed gradient-phase seconds and mean backward items per step of a run's metrics
     (those of its resumptions included: `parts`, or the RUN_DIR_resumedK beside it)."""
-    rows = metrics_rows(parts or run_parts(run_dir))
-    return {"steps": len(rows), "gradient_s": sum(float(r["time_gradient_s"]) for r in rows),
-            "backward_items": statistics.fmean(float(r["backward_items"]) for r in rows) if rows else 0.0}
+    metrics = run_metrics(parts or run_parts(run_dir))
+    return {"steps": len(metrics), "gradient_s": float(metrics["time_gradient_s"].sum()),
+            "backward_items": float(metrics["backward_items"].mean()) if len(metrics) else 0.0}
 
 
 def arms(args: Args) -> list[tuple[str, str, list[str]]]:

@@ -167,3 +167,18 @@ def test_a_run_cut_after_its_last_step_is_kept_and_an_evaluation_of_the_same_sam
     (signalled / "eval.json").write_text(json.dumps(scored))
     gain.evaluate(signalled / "eval.json", policy, 8, 2)
     assert len(launched) == 3
+
+
+def test_the_gradient_phase_of_a_resumed_run_counts_each_step_once(tmp_path, monkeypatch):
+    """Parts cut where the next begins: the first logged step 3 before it was killed (its
+    last.ckpt held step 2), the second was killed before its first step (no metrics.csv), the
+    third ran steps 3 and 4 again."""
+    gain = _default_gain(monkeypatch)
+    parts = [tmp_path / "run", tmp_path / "run_resumed1", tmp_path / "run_resumed2"]
+    for part in parts:
+        part.mkdir()
+    header = "step,time_gradient_s,backward_items\n"
+    (parts[0] / "metrics.csv").write_text(header + "1,1.0,4\n2,1.0,4\n3,9.0,9\n")
+    (parts[2] / "metrics.csv").write_text(header + "3,2.0,2\n4,2.0,2\n")
+    assert gain.gradient_phase(parts[0], parts) == {"steps": 4, "gradient_s": 6.0, "backward_items": 3.0}
+    assert gain.gradient_phase(parts[1], parts[1:2]) == {"steps": 0, "gradient_s": 0.0, "backward_items": 0.0}

@@ -31,7 +31,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 __all__ = [
-    "TIME_COLUMNS", "ROUTING_REGIONS", "Run", "flatten", "find_runs", "load_run", "load_runs", "resume_chains", "join_parts", "step_times",
+    "TIME_COLUMNS", "ROUTING_REGIONS", "Run", "flatten", "find_runs", "load_run", "load_runs", "resume_chains", "join_parts", "join_steps", "step_times",
     "tail_mean", "swept_keys", "run_label", "summarize", "equal_time", "runs_table", "aggregate", "mean_std_table",
     "markdown_table",
 ]
@@ -165,9 +165,13 @@ def resume_chains(runs: list[Run]) -> list[list[Run]]:
     return chains
 
 
-def _cut(frames: list[pd.DataFrame | None], begins: list[float]) -> pd.DataFrame | None:
-    """Step-indexed tables of consecutive parts as one: each part's rows before the step the next
-    part begins at (`begins`, its first trained step; inf for a part that trained none)."""
+def join_steps(frames: list[pd.DataFrame | None], begins: list[float] | None = None) -> pd.DataFrame | None:
+    """Step-indexed tables of consecutive parts of a run as one: each part's rows before the step
+    the next part begins at (a part killed after its last checkpoint logged steps that its
+    resumption ran again). `begins`: each part's first trained step (inf for a part that trained
+    none); by default the first step of each frame (None or empty: none)."""
+    if begins is None:
+        begins = [f["step"].min() if f is not None and len(f) else math.inf for f in frames]
     ends = [min(begins[i + 1:], default=math.inf) for i in range(len(begins))]
     kept = [f[f["step"] < end] for f, end in zip(frames, ends) if f is not None]
     return pd.concat(kept, ignore_index=True) if kept else None
@@ -178,11 +182,11 @@ def join_parts(parts: list[Run]) -> Run:
     config otherwise, metrics and held-out evaluations joined, eval.json and the verdict of the
     last part that has them."""
     begins = [p.metrics["step"].min() if len(p.metrics) else math.inf for p in parts]  # none: killed before a step
-    metrics = _with_times(_cut([p.metrics for p in parts], begins))
+    metrics = _with_times(join_steps([p.metrics for p in parts], begins))
     config = {**parts[-1].config, "resume": parts[0].config.get("resume")}
     return Run(path=parts[0].path, config=config, metrics=metrics,
                eval=next((p.eval for p in reversed(parts) if p.eval), {}),
-               heldout=_cut([p.heldout for p in parts], begins),
+               heldout=join_steps([p.heldout for p in parts], begins),
                verdict=next((p.verdict for p in reversed(parts) if p.verdict), {}))
 
 
