@@ -92,9 +92,10 @@ class SafeStop(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
         self._previous = {sig: signal.signal(sig, self._handle) for sig in _SIGNALS}
-        if self.stop_with_parent and multiprocessing.parent_process() is not None:
+        parent = multiprocessing.parent_process()  # the process that started this one (not a later foster parent)
+        if self.stop_with_parent and parent is not None:
             self._done_watching.clear()
-            threading.Thread(target=self._watch_parent, args=(os.getppid(),), name="SafeStop-parent", daemon=True).start()
+            threading.Thread(target=self._watch_parent, args=(parent.pid,), name="SafeStop-parent", daemon=True).start()
 
     def _watch_parent(self, parent: int) -> None:
         """Signal this process with SIGTERM once `parent` has ended (an orphan is handed to another
