@@ -105,12 +105,25 @@ def run_parts(run_dir: Path) -> list[Path]:
     return parts
 
 
+COST_COLUMNS = ("step", "time_gradient_s", "backward_items")
+
+
 def run_metrics(parts: list[Path]) -> pd.DataFrame:
     """The metrics.csv of a run's parts as one table, each part cut where the next begins
-    (`jagg_lab.evaluation.runs.join_steps`; a part killed before its first step has none)."""
-    frames = [pd.read_csv(part / "metrics.csv") if (part / "metrics.csv").is_file() else None for part in parts]
+    (`jagg_lab.evaluation.runs.join_steps`; a part killed before its first step has none, or an
+    empty one). ValueError naming a file without the columns the cost needs."""
+    frames = []
+    for part in parts:
+        path = part / "metrics.csv"
+        try:
+            frame = pd.read_csv(path)
+        except (FileNotFoundError, pd.errors.EmptyDataError):
+            frame = None
+        if frame is not None and not set(COST_COLUMNS) <= set(frame.columns):
+            raise ValueError(f"{path}: no {', '.join(sorted(set(COST_COLUMNS) - set(frame.columns)))} column")
+        frames.append(frame)
     joined = join_steps(frames)
-    return joined if joined is not None else pd.DataFrame(columns=["step", "time_gradient_s", "backward_items"])
+    return joined if joined is not None else pd.DataFrame(columns=list(COST_COLUMNS))
 
 
 def gradient_phase(run_dir: Path, parts: list[Path] | None = None) -> dict:

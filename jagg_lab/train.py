@@ -11,6 +11,7 @@ starts next to it) re-enter here, build the same model and write nothing of thei
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from jagg_lab import CONF_DIR
 from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, quiet_third_party
+from jagg_lab.callbacks.interrupt import parent_ended
 from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
 from jagg_lab.module import GRPOModule
@@ -151,12 +153,28 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     return module, data, trainer
 
 
+def leave_orphaned_worker(code: int) -> None:
+    """End a sweep's worker process whose sweep has ended (nobody will collect its result; it
+    would otherwise idle until its pool's timeout), after what a normal exit runs: flushed output
+    and the exit hooks (a wandb run's finish among them)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     owner = is_launch_process()
     quiet_third_party()
     earlier = set(os.listdir(run_dir)) if run_dir.is_dir() else set()  # never removed: maybe another run's
+    if parent_ended():  # a worker of a killed sweep, handed the next job: start nothing
+        log.warning("the sweep that started this process has ended: not starting %s", run_dir)
+        if owner:
+            remove_run_outputs(run_dir, keep=earlier)
+        leave_orphaned_worker(128 + signal.SIGTERM)
     try:
         module, data, trainer = build(cfg, run_dir)
     except BaseException as err:
@@ -185,8 +203,7 @@ def main(cfg: DictConfig) -> None:
     if owner:
         summary.report(trainer, heldout, list(HydraConfig.get().overrides.task), interrupted, trained=stop.after_training)
     if stop.orphaned:  # a sweep's worker whose sweep was killed: end the process, not just the job
-        logging.shutdown()
-        os._exit(128 + stop.signal)
+        leave_orphaned_worker(128 + (stop.signal or signal.SIGTERM))
     if interrupted:
         sys.exit(128 + stop.signal)  # the shell's convention for a process ended by a signal
 

@@ -182,3 +182,12 @@ def test_the_gradient_phase_of_a_resumed_run_counts_each_step_once(tmp_path, mon
     (parts[2] / "metrics.csv").write_text(header + "3,2.0,2\n4,2.0,2\n")
     assert gain.gradient_phase(parts[0], parts) == {"steps": 4, "gradient_s": 6.0, "backward_items": 3.0}
     assert gain.gradient_phase(parts[1], parts[1:2]) == {"steps": 0, "gradient_s": 0.0, "backward_items": 0.0}
+    # a part killed before its first step may also leave an empty file, or a header alone
+    (parts[1] / "metrics.csv").write_text("")
+    assert gain.gradient_phase(parts[0], parts)["steps"] == 4
+    (parts[1] / "metrics.csv").write_text(header)
+    steps = gain.run_metrics(parts)["step"]
+    assert steps.tolist() == [1, 2, 3, 4] and steps.dtype.kind == "i"  # no empty frame joined: not `object`
+    (parts[2] / "metrics.csv").write_text("step,backward_items\n3,2\n")
+    with pytest.raises(ValueError, match="run_resumed2/metrics.csv: no time_gradient_s column"):
+        gain.gradient_phase(parts[0], parts)

@@ -5,15 +5,15 @@ an uninterrupted run, and the directory it leaves is recognised by the next comm
 
 The faults are injected by `python -m tests.faults` (a signal at a chosen point of the run)."""
 import json
+import multiprocessing
 import os
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
+from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
@@ -132,33 +132,63 @@ def test_a_run_killed_anywhere_resumes_from_its_latest_checkpoint_to_the_uninter
     assert [int(r["step"]) for r in rows] == list(range(step + 1, 5)) and same_rows(rows, straight[step:])
 
 
-def test_a_job_whose_parent_process_has_ended_stops_as_on_sigterm(tmp_path, monkeypatch):
-    """The watcher of a sweep's worker: once the parent id is no longer the one it started with
-    (the parent ended and the process was handed on), SafeStop's own handler gets a SIGTERM."""
-    stop = SafeStop(tmp_path)
-    monkeypatch.setattr(SafeStop, "POLL_S", 0.01)
-    previous = signal.signal(signal.SIGTERM, stop._handle)
-    try:
-        watcher = threading.Thread(target=stop._watch_parent, args=(os.getppid(),))
-        watcher.start()
-        time.sleep(0.1)
-        assert stop.signal is None and not stop.orphaned  # the parent is still there: nothing happens
-        stop._done_watching.set()
-        watcher.join(5)
-        stop._done_watching.clear()
-        stop._watch_parent(os.getppid() + 1)  # not our parent: it has "ended"
-        deadline = time.monotonic() + 5
-        while stop.signal is None and time.monotonic() < deadline:
-            time.sleep(0.01)  # the handler runs in the main thread, at its next bytecode
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert stop.signal == signal.SIGTERM and stop.orphaned and stop.stopping
+def _worker(out: str, method: str) -> None:
+    """A sweep's worker as SafeStop sees it: watching from train start, quiet while the process
+    that started it lives, then stopped by its own handler; writes what it saw to OUT/result."""
+    if method == "loky":
+        multiprocessing.parent_process()._sentinel = None  # a loky worker's parent has no sentinel
+    SafeStop.POLL_S = 0.02
+    stop = SafeStop(out)
+    stop.on_train_start(None, None)
+    time.sleep(0.3)  # 15 looks at a live parent
+    quiet = stop.signal is None
+    Path(out, "watching").touch()
+    deadline = time.monotonic() + 30
+    while stop.signal is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the handler runs in the main thread, between these sleeps
+    stop.teardown(None, None, "fit")
+    Path(out, "result").write_text(json.dumps([quiet, stop.signal, stop.orphaned, signal.getsignal(signal.SIGTERM) is stop._handle]))
+
+
+def _sweep(out: str, method: str) -> None:
+    """Starts a worker, then ends without waiting for it, as a killed sweep."""
+    context = multiprocessing.get_context("fork" if method == "loky" else method)
+    context.Process(target=_worker, args=(out, method)).start()
+    deadline = time.monotonic() + 30
+    while not Path(out, "watching").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "loky"])
+def test_a_worker_whose_starting_process_ends_stops_as_on_sigterm(tmp_path, method):
+    """Real processes: parents with a sentinel (fork; forkserver, whose workers' parent id is the
+    fork server's) and one without (loky, Hydra's joblib launcher: its worker is handed to
+    another parent when it ends)."""
+    sweep = multiprocessing.get_context("fork").Process(target=_sweep, args=(str(tmp_path), method))
+    sweep.start()
+    sweep.join(60)
+    result, deadline = tmp_path / "result", time.monotonic() + 60
+    while not result.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)  # written whole
+    quiet, stopped_by, orphaned, handler_kept = json.loads(result.read_text())
+    assert quiet and stopped_by == signal.SIGTERM and orphaned
+    assert not handler_kept  # teardown stopped the watcher, then restored the handlers
+
+
+def test_safestop_pickles_before_training():
+    """strategy=ddp_spawn pickles the trainer's callbacks: the watcher is made at train start."""
+    import pickle
+    stop = pickle.loads(pickle.dumps(SafeStop("ckpts")))
+    assert stop._watcher is None and stop.stop_with_parent
 
 
 @pytest.mark.slow
 def test_killing_a_local_sweep_stops_every_job_cleanly_and_leaves_no_worker(tmp_path):
     """`kill PID` of a `--multirun hydra/launcher=local` sweep reaches only its own process; its
     joblib workers see it gone, finish their step, write last.ckpt and the policy, and exit."""
+    psutil = pytest.importorskip("psutil")
     sweep = tmp_path / "sweep"
     parent = subprocess.Popen([sys.executable, "-m", "jagg_lab.train", "--multirun", "hydra/launcher=local", *SMALL,
                                "seed=0,1", "trainer.max_steps=100000", f"hydra.sweep.dir={sweep}"],

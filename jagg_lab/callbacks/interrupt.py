@@ -11,9 +11,9 @@ signal and at the end of training, by this callback alone, over the same name (a
 writer would make Lightning version the name: `last-v1.ckpt`).
 
 A job of a sweep run in a worker process (`--multirun hydra/launcher=local`: Hydra's joblib
-launcher) stops in the same way when the sweep's process ends, however it ended (`kill PID`,
-SIGKILL, a closed terminal): the workers are not in its signal's way, and would otherwise go on
-training with nobody to collect them. Each job then has its `last.ckpt` to resume from.
+launcher) stops in the same way once the sweep's process has ended (`kill PID`, SIGKILL): the
+signal reaches only that process, and its workers would otherwise go on training with nobody to
+collect them. Each job then has its `last.ckpt` to resume from.
 
 A second SIGINT quits at once, without saving. Across processes, the stop is decided at the
 end of each step by all ranks together (any rank that received a signal stops them all), and
@@ -32,11 +32,24 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-__all__ = ["SafeStop"]
+__all__ = ["SafeStop", "parent_ended"]
 
 log = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def parent_ended() -> bool:
+    """Whether this process was started by multiprocessing (a sweep's worker) and the process
+    that started it has ended. Its sentinel says so where multiprocessing keeps one (fork, spawn,
+    forkserver, whose children have the fork server as their parent id); a loky worker (Hydra's
+    joblib launcher) has none, and is handed to another parent when its own ends."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return False
+    if parent.sentinel is not None:
+        return not parent.is_alive()
+    return os.getppid() != parent.pid
 
 
 class SafeStop(Callback):
@@ -64,7 +77,7 @@ class SafeStop(Callback):
         self._saved_step: int | None = None
         self.stop_with_parent = stop_with_parent
         self.orphaned = False  # the parent process ended: nobody will collect this process's result
-        self._done_watching = threading.Event()
+        self._watcher: tuple[threading.Thread, threading.Event] | None = None  # made in on_train_start (unpicklable)
 
     def _handle(self, signum: int, frame) -> None:
         if self.signal is not None and signum == signal.SIGINT:
@@ -92,20 +105,30 @@ class SafeStop(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
         self._previous = {sig: signal.signal(sig, self._handle) for sig in _SIGNALS}
-        parent = multiprocessing.parent_process()  # the process that started this one (not a later foster parent)
-        if self.stop_with_parent and parent is not None:
-            self._done_watching.clear()
-            threading.Thread(target=self._watch_parent, args=(parent.pid,), name="SafeStop-parent", daemon=True).start()
+        if self.stop_with_parent and multiprocessing.parent_process() is not None and self._watcher is None:
+            done = threading.Event()
+            thread = threading.Thread(target=self._watch_parent, args=(done,), name="SafeStop-parent", daemon=True)
+            self._watcher = (thread, done)
+            thread.start()
 
-    def _watch_parent(self, parent: int) -> None:
-        """Signal this process with SIGTERM once `parent` has ended (an orphan is handed to another
-        parent, so its parent id changes); the handler runs in the main thread as for a real one."""
-        while not self._done_watching.wait(self.POLL_S):
-            if os.getppid() != parent:
+    def _watch_parent(self, done: threading.Event) -> None:
+        """Signal this process with SIGTERM once the process that started it has ended (until
+        `done`); the handler runs in the main thread, as for a signal from outside."""
+        while not done.wait(self.POLL_S):
+            if parent_ended():
                 self.orphaned = True
-                log.warning("the sweep's process %d has ended: stopping this job as on SIGTERM", parent)
+                log.warning("the process that started this one (%d) has ended: stopping this job as on SIGTERM",
+                            multiprocessing.parent_process().pid)
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
+
+    def _stop_watching(self) -> None:
+        """End the watcher before the handlers go: a SIGTERM it sends then would meet the default one."""
+        if self._watcher is not None:
+            thread, done = self._watcher
+            done.set()
+            thread.join()
+            self._watcher = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         stop = trainer.strategy.reduce_boolean_decision(self.signal is not None, all=False)
@@ -129,7 +152,11 @@ class SafeStop(Callback):
         self.training_done = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._done_watching.set()
+        self._stop_watching()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """A failed fit skips teardown: the worker process may run the sweep's next job."""
+        self.teardown(trainer, pl_module, "fit")

@@ -174,6 +174,7 @@ def join_steps(frames: list[pd.DataFrame | None], begins: list[float] | None = N
         begins = [f["step"].min() if f is not None and len(f) else math.inf for f in frames]
     ends = [min(begins[i + 1:], default=math.inf) for i in range(len(begins))]
     kept = [f[f["step"] < end] for f, end in zip(frames, ends) if f is not None]
+    kept = [f for f in kept if len(f)] or kept[:1]  # an empty part would make every column `object`
     return pd.concat(kept, ignore_index=True) if kept else None
 
 
