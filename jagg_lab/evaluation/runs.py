@@ -171,18 +171,23 @@ def join_steps(frames: list[pd.DataFrame | None], begins: list[float] | None = N
     resumption ran again). `begins`: each part's first trained step (inf for a part that trained
     none); by default the first step of each frame (None or empty: none)."""
     if begins is None:
-        begins = [f["step"].min() if f is not None and len(f) else math.inf for f in frames]
+        begins = _first_steps(frames)
     ends = [min(begins[i + 1:], default=math.inf) for i in range(len(begins))]
     kept = [f[f["step"] < end] for f, end in zip(frames, ends) if f is not None]
     kept = [f for f in kept if len(f)] or kept[:1]  # an empty part would make every column `object`
     return pd.concat(kept, ignore_index=True) if kept else None
 
 
+def _first_steps(frames: list[pd.DataFrame | None]) -> list[float]:
+    """Each frame's first step; inf for none or an empty one (a part killed before a step)."""
+    return [f["step"].min() if f is not None and len(f) else math.inf for f in frames]
+
+
 def join_parts(parts: list[Run]) -> Run:
     """A run and its resumptions as one run: the first part's path and `resume`, the last part's
     config otherwise, metrics and held-out evaluations joined, eval.json and the verdict of the
     last part that has them."""
-    begins = [p.metrics["step"].min() if len(p.metrics) else math.inf for p in parts]  # none: killed before a step
+    begins = _first_steps([p.metrics for p in parts])  # the held-out rows are cut where the metrics are
     metrics = _with_times(join_steps([p.metrics for p in parts], begins))
     config = {**parts[-1].config, "resume": parts[0].config.get("resume")}
     return Run(path=parts[0].path, config=config, metrics=metrics,
