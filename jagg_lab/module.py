@@ -65,6 +65,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.automatic_optimization = False
         self.policy, self.sampler, self.reward, self.strategy, self.grpo = policy, sampler, reward, strategy, grpo
         self.objective = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
+        if objective is None or not isinstance(objective, ForwardObjective):
+            self.objective.check_strategy(strategy)
         self.trained_steps = list(self.objective.trained_steps)
         # checked before any work; a moving SDE window (grpo.window_size) has its phases per rollout
         self.ode_phases = sampler.ode_phases(self.trained_steps) if grpo.window_size is None else {}
@@ -143,6 +145,14 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         draw = torch.Generator().manual_seed(2**40 + self.seed * 1_000_003 + self.rollouts_done)  # apart from the noise seeds
         return self.grpo.window(self.sampler.num_steps, self.rollouts_done, draw)
 
+    def block_generator(self, idx: torch.Tensor) -> torch.Generator | None:
+        """The draw of micro-batch `idx`'s trained blocks (grpo.block_fraction < 1; else None), from
+        the run's seed, the rollout and the micro-batch's first row on this rank: a resumed step draws the same."""
+        if not self.grpo.draws_blocks:
+            return None
+        rollout = 2**41 + self.seed * 1_000_003 + self.rollouts_done  # apart from the noise and window seeds
+        return torch.Generator().manual_seed(rollout * 1_000_033 + self.shard[0] * 100_003 + int(idx[0]))
+
     def rollout_generator(self) -> torch.Generator:
         """The noise of rollout `rollouts_done` of this run: a resumed or re-run step draws the same."""
         return torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done)
@@ -160,7 +170,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                                                  scale=scale, on_policy=on_policy)
         else:
             stats, steps = self.objective.backward(self.strategy, self.policy, rollout, advantages, idx, scale=scale,
-                                                   on_policy=on_policy, params=self.trainable_parameters())
+                                                   on_policy=on_policy, params=self.trainable_parameters(),
+                                                   draw=self.block_generator(idx))
         for step in steps:
             for name, metric in self.step_metrics.items():
                 metric.update(getattr(step, name))

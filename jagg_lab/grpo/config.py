@@ -3,14 +3,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from jagg_lab.grpo.loss import GRPOLoss
 
-__all__ = ["GRPOConfig", "WINDOW_SCHEDULES"]
+__all__ = ["GRPOConfig", "WINDOW_SCHEDULES", "draw_blocks"]
 
 WINDOW_SCHEDULES = ("random", "sliding")
+
+
+def draw_blocks(steps: Sequence[int], block_size: int, fraction: float, generator: torch.Generator) -> tuple[int, ...]:
+    """A random max(1, int(n_blocks * fraction)) of the consecutive blocks of `block_size` steps
+    of `steps` (a shorter leftover block last), their steps in sampling order."""
+    blocks = [tuple(steps[i:i + block_size]) for i in range(0, len(steps), block_size)]
+    chosen = torch.randperm(len(blocks), generator=generator)[:max(1, int(len(blocks) * fraction))]
+    return tuple(k for b in sorted(chosen.tolist()) for k in blocks[b])
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,8 @@ class GRPOConfig:
     window_range: tuple[int, int] | None = None
     window_shift_every: int = 25
     window_stride: int = 1
+    block_size: int | None = None
+    block_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.train_fraction <= 1:
@@ -84,6 +95,15 @@ class GRPOConfig:
         if self.window_shift_every < 1 or self.window_stride < 1:
             raise ValueError(f"grpo.window_shift_every and grpo.window_stride must be >= 1, "
                              f"got {self.window_shift_every} and {self.window_stride}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"grpo.block_size must be >= 1 or null, got {self.block_size}")
+        if not 0 < self.block_fraction <= 1:
+            raise ValueError(f"grpo.block_fraction must be in (0, 1], got {self.block_fraction}")
+        if self.block_fraction < 1 and self.block_size is None:
+            raise ValueError("grpo.block_fraction trains a share of the blocks of grpo.block_size steps: set grpo.block_size too")
+        if self.block_fraction < 1 and self.window_size is not None:
+            raise ValueError("grpo.block_fraction draws blocks of the fixed trained steps; a moving SDE window "
+                             "(grpo.window_size) picks its own: use one of the two")
         if self.window_range is not None:
             object.__setattr__(self, "window_range", tuple(int(k) for k in self.window_range))
             if len(self.window_range) != 2 or not 0 <= self.window_range[0] < self.window_range[1]:
@@ -103,6 +123,17 @@ class GRPOConfig:
                 raise ValueError(f"grpo.train_steps {bad} outside the {num_steps} sampling steps")
             return list(self.train_steps)
         return list(range(max(1, math.ceil(self.train_fraction * num_steps - 1e-9))))
+
+    @property
+    def draws_blocks(self) -> bool:
+        """Whether each micro-batch trains its own random share of the trained steps' blocks."""
+        return self.block_fraction < 1
+
+    def draw_blocks(self, steps: Sequence[int], generator: torch.Generator) -> tuple[int, ...]:
+        """The trained steps of one micro-batch: a random max(1, int(n_blocks * block_fraction)) of
+        the consecutive blocks of block_size steps of `steps` (all of them when nothing is drawn),
+        in sampling order."""
+        return draw_blocks(steps, self.block_size, self.block_fraction, generator) if self.draws_blocks else tuple(steps)
 
     def window_bounds(self, num_steps: int) -> tuple[int, int]:
         """The first and last start of the SDE window (grpo.window_size) in `num_steps` steps."""

@@ -19,6 +19,8 @@ __all__ = [
     "upstream_signal",
     "partition_windows",
     "interpolation_weights",
+    "WEIGHTS",
+    "check_weights",
     "full_step_backward",
     "full_backward",
     "noise_level_batch",
@@ -107,11 +109,25 @@ def partition_windows(num_steps: int, window: int) -> list[list[int]]:
     return [list(range(a, min(a + window, num_steps))) for a in range(0, num_steps, window)]
 
 
-def interpolation_weights(noise_levels: Sequence[float]) -> list[float]:
-    """alpha_k = (s_k - s_a) / (s_b - s_a) for the steps of one window (noise level, not index)."""
+# How a window's interpolation weights are placed: by noise level (ours) or by step index (the
+# JAGG authors' code: alpha_j = j / (W - 1)); the two coincide on a uniform noise grid.
+WEIGHTS = ("noise", "index")
+
+
+def check_weights(weights: str) -> None:
+    if weights not in WEIGHTS:
+        raise ValueError(f"strategy.weights must be one of {WEIGHTS}, got {weights!r}")
+
+
+def interpolation_weights(noise_levels: Sequence[float], by: str = "noise") -> list[float]:
+    """alpha_k for the steps of one window: (s_k - s_a) / (s_b - s_a) by noise level, or
+    j / (len - 1) by position j in the window (by="index")."""
+    check_weights(by)
     s_a, s_b = noise_levels[0], noise_levels[-1]
     if len(noise_levels) == 1:
         return [0.0]
+    if by == "index":
+        return [j / (len(noise_levels) - 1) for j in range(len(noise_levels))]
     if s_a == s_b:
         raise ValueError("a window's endpoints must have distinct noise levels")
     return [(s - s_a) / (s_b - s_a) for s in noise_levels]
@@ -204,9 +220,10 @@ def interpolate_backward(
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
     max_pass_items: int | None = None,
+    weights: str = "noise",
 ) -> BackwardStats:
     """One piece of the interpolating strategies: the Jacobian is interpolated linearly in
-    noise level inside each segment, so every step's upstream signal g_k reaches the model
+    noise level (weights="noise"; "index": by position in the segment) inside each segment, so every step's upstream signal g_k reaches the model
     through the segments' knots (plus corrected steps): sum over nodes n of J_n^T G_n. The
     nodes go through one joint forward with grad and ONE backward of sum <v_n, G_n>, split
     into passes of at most `max_pass_items` nodes (batches of B rows) when memory demands:
@@ -220,10 +237,10 @@ def interpolate_backward(
     routes = {k: Route(k, ((k, 1.0),)) for seg in segments for k in (seg.left, seg.right)}
     spans = [seg for seg in segments if seg.right > seg.left]
     for seg in spans:
-        alphas = interpolation_weights(levels[seg.left : seg.right + 1])
-        weights = dict(seg.corrections)
+        alphas = interpolation_weights(levels[seg.left : seg.right + 1], by=weights)
+        corrections = dict(seg.corrections)
         for k, alpha in zip(seg.interior, alphas[1:-1]):
-            routes[k] = Route(k, ((seg.left, 1 - alpha), (seg.right, alpha)), weights.get(k, 0.0))
+            routes[k] = Route(k, ((seg.left, 1 - alpha), (seg.right, alpha)), corrections.get(k, 0.0))
     stats = route_backward(velocity_fn, states, levels, step_loss_fn, list(routes.values()), velocities=velocities,
                            mode=mode, max_pass_items=max_pass_items)
     stats.windows = stats.jagg_windows = len(spans)

@@ -37,6 +37,7 @@ from jagg_lab.strategies.core import (
     check_pass_items,
     effective_mode,
     interpolate_backward,
+    check_weights,
     interpolation_weights,
     partition_windows,
 )
@@ -74,6 +75,7 @@ def interior_probabilities(
     noise_levels: Sequence[float],
     velocities: Sequence[torch.Tensor] | None,
     proposal: str = "uniform",
+    weights: str = "noise",
 ) -> torch.Tensor:
     """q_r over the interior steps of one window (steps[1:-1]), (m,) float64, summing to 1."""
     m = len(steps) - 2
@@ -82,7 +84,7 @@ def interior_probabilities(
         return uniform
     if velocities is None:
         raise ValueError("proposal='bend' reads the rollout's cached velocities; pass velocities=")
-    alphas = interpolation_weights([float(noise_levels[k]) for k in steps])[1:-1]
+    alphas = interpolation_weights([float(noise_levels[k]) for k in steps], by=weights)[1:-1]
     v_a, v_b = velocities[steps[0]].double(), velocities[steps[-1]].double()
     bend = torch.stack([
         (velocities[k].double() - ((1 - alpha) * v_a + alpha * v_b)).pow(2).sum()
@@ -108,6 +110,7 @@ def jagg_cv_backward(
     proposal: str = "uniform",
     max_pass_items: int | None = None,
     n_correct: int = 1,
+    weights: str = "noise",
 ) -> dict[str, float]:
     """Accumulate the control-variate JAGG estimate of grad sum_k L_k into .grad.
 
@@ -117,7 +120,7 @@ def jagg_cv_backward(
     window's interior steps) of the step to correct (with n_correct > 1: min(n_correct, m)
     distinct indices), or None for no correction, instead of the draws. proposal: how r is
     drawn (see PROPOSALS). max_pass_items: as `jagg_backward`. n_correct: interior steps
-    corrected per corrected window (see the module docstring).
+    corrected per corrected window (see the module docstring). weights: as `jagg_backward`.
     Returns stats as `jagg_backward`, plus `corrected_windows`.
     """
     if len(states) != len(noise_levels):
@@ -139,7 +142,7 @@ def jagg_cv_backward(
                 chosen = given_steps(interior[w], w, m, k)
             elif torch.rand((), generator=generator).item() < correct_prob:
                 if k == 1:
-                    q = interior_probabilities(steps, noise_levels, velocities, proposal)
+                    q = interior_probabilities(steps, noise_levels, velocities, proposal, weights)
                     chosen = (int(torch.multinomial(q.float(), 1, generator=generator)),)
                 else:
                     chosen = tuple(sorted(torch.randperm(m, generator=generator)[:k].tolist()))
@@ -147,14 +150,14 @@ def jagg_cv_backward(
                 chosen = None
             if chosen is not None:
                 if k == 1:
-                    q = interior_probabilities(steps, noise_levels, velocities, proposal) if q is None else q
-                    weights = [1.0 / (correct_prob * q[chosen[0]].item())]
+                    q = interior_probabilities(steps, noise_levels, velocities, proposal, weights) if q is None else q
+                    scales = [1.0 / (correct_prob * q[chosen[0]].item())]
                 else:
-                    weights = [m / (k * correct_prob)] * k
+                    scales = [m / (k * correct_prob)] * k
                 corrected += 1
-                segment = Segment(steps[0], steps[-1], corrections=tuple((steps[1 + c], wt) for c, wt in zip(chosen, weights)))
+                segment = Segment(steps[0], steps[-1], corrections=tuple((steps[1 + c], wt) for c, wt in zip(chosen, scales)))
         stats.add(interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, [segment], velocities=velocities,
-                                       mode=mode, max_pass_items=max_pass_items))
+                                       mode=mode, max_pass_items=max_pass_items, weights=weights))
     out = stats.as_dict()
     out["corrected_windows"] = corrected
     return out
@@ -165,12 +168,16 @@ class JaggCVStrategy(WindowedStrategy):
     items 2 + correct_prob * min(n_correct, m) per window of m >= 1 interior steps).
     proposal: uniform | bend. n_correct: interior steps corrected per corrected window.
     seed: the draws' generator, whose state checkpoints carry for an exact resume.
-    max_pass_items: batches of B rows per joint pass (1: no more than `full`'s; null: all)."""
+    max_pass_items: batches of B rows per joint pass (1: no more than `full`'s; null: all).
+    weights: the interpolation weights by "noise" level or by step "index", as `jagg`."""
 
     def __init__(self, window: int = 4, mode: str = "cached", correct_prob: float = 1.0, proposal: str = "uniform",
-                 seed: int = 0, max_pass_items: int | None = None, diagnose_every: int = 0, n_correct: int = 1):
+                 seed: int = 0, max_pass_items: int | None = None, diagnose_every: int = 0, n_correct: int = 1,
+                 weights: str = "noise"):
         super().__init__(window=window, diagnose_every=diagnose_every, seed=seed)
         check_mode(mode)
+        check_weights(weights)
+        self.weights = weights
         check_pass_items(max_pass_items)
         check_draws(correct_prob, proposal, n_correct)
         self.max_pass_items = max_pass_items
@@ -181,7 +188,7 @@ class JaggCVStrategy(WindowedStrategy):
         stats = jagg_cv_backward(
             velocity_fn, states, noise_levels, step_loss_fn, window=self.window, velocities=velocities, mode=mode,
             correct_prob=self.correct_prob, generator=self.generator, proposal=self.proposal,
-            max_pass_items=self.max_pass_items, n_correct=self.n_correct,
+            max_pass_items=self.max_pass_items, n_correct=self.n_correct, weights=self.weights,
         )
         stats["fallbacks"] = fallbacks
         return stats

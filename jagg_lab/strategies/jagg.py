@@ -20,6 +20,7 @@ from jagg_lab.strategies.core import (
     VelocityFn,
     check_mode,
     check_pass_items,
+    check_weights,
     effective_mode,
     interpolate_backward,
     partition_windows,
@@ -38,10 +39,11 @@ def jagg_window_backward(
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
     max_pass_items: int | None = None,
+    weights: str = "noise",
 ) -> BackwardStats:
     """JAGG over one window of trained-step indices `steps` (consecutive, in sampling order)."""
     return interpolate_backward(velocity_fn, states, noise_levels, step_loss_fn, [Segment(steps[0], steps[-1])],
-                                velocities=velocities, mode=mode, max_pass_items=max_pass_items)
+                                velocities=velocities, mode=mode, max_pass_items=max_pass_items, weights=weights)
 
 
 def jagg_backward(
@@ -54,6 +56,7 @@ def jagg_backward(
     velocities: Sequence[torch.Tensor] | None = None,
     mode: str = "recompute",
     max_pass_items: int | None = None,
+    weights: str = "noise",
 ) -> dict[str, float]:
     """Accumulate the JAGG estimate of grad sum_k L_k into .grad (adds to existing grads).
 
@@ -64,6 +67,8 @@ def jagg_backward(
     `cached` and `interpolated`. `cached` is exact only while the parameters are those that
     sampled the rollout; the caller must know that. max_pass_items: at most this many
     batches of B rows per joint pass (1: the rows `full` uses; None: both endpoints at once).
+    weights: alpha_k by "noise" level (default) or by "index" in the window (the JAGG authors'
+    j / (W - 1)); they coincide on a uniform grid.
     Returns stats: backward_passes (= windows), backward_items, forwards, loss.
     """
     if len(states) != len(noise_levels):
@@ -72,26 +77,29 @@ def jagg_backward(
     stats = BackwardStats()
     for steps in partition_windows(len(states), window):
         stats.add(jagg_window_backward(velocity_fn, states, noise_levels, step_loss_fn, steps, velocities=velocities,
-                                       mode=mode, max_pass_items=max_pass_items))
+                                       mode=mode, max_pass_items=max_pass_items, weights=weights))
     return stats.as_dict()
 
 
 class JaggStrategy(WindowedStrategy):
     """window: W trained steps per window. mode: recompute | cached | interpolated.
     `cached` falls back to `recompute` (counted in `fallbacks`) once the parameters moved.
-    max_pass_items: batches of B rows per joint pass (1: no more than `full`'s; null: all)."""
+    max_pass_items: batches of B rows per joint pass (1: no more than `full`'s; null: all).
+    weights: the interpolation weights by "noise" level or by step "index" (the authors')."""
 
-    def __init__(self, window: int = 4, mode: str = "cached", max_pass_items: int | None = None, diagnose_every: int = 0):
+    def __init__(self, window: int = 4, mode: str = "cached", max_pass_items: int | None = None, diagnose_every: int = 0,
+                 weights: str = "noise"):
         super().__init__(window=window, diagnose_every=diagnose_every)
         check_mode(mode)
         check_pass_items(max_pass_items)
-        self.mode, self.max_pass_items = mode, max_pass_items
+        check_weights(weights)
+        self.mode, self.max_pass_items, self.weights = mode, max_pass_items, weights
 
     def backward(self, velocity_fn, states, noise_levels, step_loss_fn, velocities=None, on_policy=True):
         mode, fallbacks = effective_mode(self.mode, on_policy)
         stats = jagg_backward(
             velocity_fn, states, noise_levels, step_loss_fn, window=self.window, velocities=velocities, mode=mode,
-            max_pass_items=self.max_pass_items,
+            max_pass_items=self.max_pass_items, weights=self.weights,
         )
         stats["fallbacks"] = fallbacks
         return stats

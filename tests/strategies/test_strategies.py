@@ -37,8 +37,41 @@ def test_windows_and_weights():
     assert partition_windows(3, 1) == [[0], [1], [2]]
     # weights follow the noise level, not the step index
     assert interpolation_weights([1.0, 0.9, 0.5, 0.0]) == pytest.approx([0.0, 0.1, 0.5, 1.0])
+    # ...or, as the JAGG authors' code places them, the step index: j / (W - 1)
+    assert interpolation_weights([1.0, 0.9, 0.5, 0.0], by="index") == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
+    assert interpolation_weights([0.8, 0.6, 0.4], by="index") == pytest.approx(interpolation_weights([0.8, 0.6, 0.4]))  # uniform grid
     with pytest.raises(ValueError, match="window"):
         partition_windows(4, 0)
+    with pytest.raises(ValueError, match="strategy.weights"):
+        interpolation_weights([1.0, 0.5], by="sigma")
+    with pytest.raises(ValueError, match="strategy.weights"):
+        JaggStrategy(window=4, weights="sigma")
+
+
+def test_index_weights_equal_noise_weights_on_a_uniform_grid_and_only_there():
+    """The authors' j / (W - 1) against ours: the same gradient on a uniform noise grid; on a
+    non-uniform one with the states at the noise-level fractions only ours is exact (affine model)."""
+    torch.manual_seed(1)
+    dim, batch, window = 5, 3, 4
+    model = AffineVelocity(dim)
+    targets = [torch.randn(batch, dim) for _ in range(window)]
+
+    def loss(k, v):
+        return ((v - targets[k]) ** 2).sum() + v.sin().sum()
+
+    def grads(fn, states, levels, **kw):
+        model.zero_grad()
+        fn(model, states, levels, loss, **kw)
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    a, b = torch.randn(batch, dim), torch.randn(batch, dim)
+    for levels in ([1.0, 2 / 3, 1 / 3, 0.0], [1.0, 0.9, 0.6, 0.0]):
+        states = [(1 - al) * a + al * b for al in interpolation_weights(levels)]
+        full = grads(full_backward, states, levels)
+        by_noise = grads(jagg_backward, states, levels, window=window, mode="recompute")
+        by_index = grads(jagg_backward, states, levels, window=window, mode="recompute", weights="index")
+        assert rel_err(by_noise, full) < 1e-5
+        assert (rel_err(by_index, full) < 1e-5) == (levels[1] == 2 / 3)
 
 
 def test_full_strategy_equals_autograd_of_summed_loss(real):
