@@ -1,0 +1,151 @@
+"""The bias map's table and figure, from the `bench bias` reports `experiments/bias_map.sh` wrote.
+
+    python experiments/bias_map.py results=DIR out=OUT_DIR
+
+For every report in `results` (one per column: steps per trajectory x which steps are trained) and
+every window W in it, plain JAGG beside `subsample` at equal backward items (2 per window): the
+mean noise span of a window (s_a - s_b of each window of the trained steps, weighted by its steps,
+so leftover windows of 1 or 2 steps, which are exact, pull it down), JAGG's z (about 1 without
+bias), the odd/even cosine of its mean errors, |mean d| / |mean f|, cos(mean g, mean f), and both
+estimators' per-rollout error against the noise `full` carries anyway. Writes `OUT/map.md`,
+`OUT/map.json` and `OUT/map.png` (bias and error against window noise span, JAGG against
+subsample); `out` must not exist. A report still being written (fewer rollouts than asked) is
+used as it stands, its rollouts counted in the table.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from jagg_lab import cli  # noqa: E402
+from jagg_lab.sampling.schedule import noise_schedule  # noqa: E402
+from jagg_lab.strategies import partition_windows  # noqa: E402
+
+PROG = "python experiments/bias_map.py"
+
+
+@dataclass
+class Args:
+    """The bias map's table and figure from a directory of `bench bias` reports."""
+
+    results: str = "???"  # the directory experiments/bias_map.sh wrote (its *.json reports)
+    out: str = "???"  # a new directory for map.md, map.json and map.png
+
+    def __post_init__(self) -> None:
+        if not Path(self.results).is_dir():
+            raise ValueError(f"results: {self.results} is not a directory")
+        if Path(self.out).exists():
+            raise ValueError(f"out: {self.out} already exists; choose a new directory")
+
+
+def window_span(num_steps: int, shift: float, trained: list[int], window: int) -> float:
+    """The noise span s_a - s_b of the windows of `window` trained steps, averaged over the
+    trained steps (each window weighted by its number of steps)."""
+    levels = noise_schedule(num_steps, shift).tolist()
+    windows = [[trained[i] for i in w] for w in partition_windows(len(trained), window)]
+    return sum(len(w) * (levels[w[0]] - levels[w[-1]]) for w in windows) / len(trained)
+
+
+def map_rows(report: dict, column: str) -> list[dict]:
+    """One row per window W of a report: JAGG and subsample side by side."""
+    setting = report["setting"]
+    num_steps, shift = setting["sampler"]["num_steps"], setting["sampler"].get("shift", 1.0)
+    trained = setting["trained_steps"]
+    by_key = {(r["strategy"], r["window"]): r for r in report["rows"]}
+    rows = []
+    for (name, window), jagg in sorted(by_key.items(), key=lambda kv: kv[0][1]):
+        if name != "jagg" or ("subsample", window) not in by_key:
+            continue
+        sub = by_key[("subsample", window)]
+        rows.append({
+            "column": column, "steps": num_steps, "trained_steps": len(trained), "window": window,
+            "span": window_span(num_steps, shift, trained, window), "rollouts": report["rollouts_done"],
+            "backward_items": jagg["backward_items_per_rollout"], "full_items": by_key[("full", 1)]["backward_items_per_rollout"],
+            "jagg_z": jagg["z"], "jagg_halves_cosine": jagg["halves_cosine"],
+            "jagg_bias_over_mean_full": jagg["bias_over_mean_full"], "jagg_mean_cosine": jagg["mean_cosine"],
+            "jagg_per_rollout_cosine": jagg["per_rollout_cosine"], "jagg_rel_error": jagg["rel_error"],
+            "subsample_z": sub["z"], "subsample_rel_error": sub["rel_error"],
+            "subsample_per_rollout_cosine": sub["per_rollout_cosine"], "z_full": jagg["z_full"],
+        })
+    return rows
+
+
+COLUMNS = [("column", "column", "{}"), ("steps", "steps", "{}"), ("trained_steps", "trained", "{}"),
+           ("window", "W", "{}"), ("span", "window noise span", "{:.3f}"), ("rollouts", "rollouts", "{}"),
+           ("backward_items", "items (full)", None), ("jagg_z", "JAGG z (no bias ~1)", "{:.2f}"),
+           ("jagg_halves_cosine", "cos(odd, even mean d)", "{:.2f}"),
+           ("jagg_bias_over_mean_full", "\\|mean d\\| / \\|mean f\\|", "{:.2f}"),
+           ("jagg_mean_cosine", "cos(mean g, mean f)", "{:.2f}"),
+           ("jagg_per_rollout_cosine", "per-rollout cos, JAGG", "{:.3f}"),
+           ("jagg_rel_error", "error / noise of f, JAGG", "{:.2f}"),
+           ("subsample_rel_error", "error / noise of f, subsample", "{:.2f}"), ("subsample_z", "subsample z", "{:.2f}")]
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        cells = [f"{row['backward_items']:.0f} ({row['full_items']:.0f})" if fmt is None else fmt.format(row[key])
+                 for key, _, fmt in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    """Left: JAGG's z against the window noise span (subsample's beside it, 1 = no bias);
+    right: the per-rollout error of both against the same span."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    columns = list(dict.fromkeys(r["column"] for r in rows))
+    markers = dict(zip(columns, "osD^v<>p"))
+    for column in columns:
+        part = sorted((r for r in rows if r["column"] == column), key=lambda r: r["span"])
+        span = [r["span"] for r in part]
+        label = f"{column} ({part[0]['steps']} steps, {part[0]['trained_steps']} trained)"
+        left.plot(span, [r["jagg_z"] for r in part], marker=markers[column], color="C3", label=f"JAGG, {label}")
+        left.plot(span, [r["subsample_z"] for r in part], marker=markers[column], color="C0", ls=":",
+                  label=f"subsample, {column}")
+        right.plot(span, [r["jagg_rel_error"] for r in part], marker=markers[column], color="C3", label=f"JAGG, {column}")
+        right.plot(span, [r["subsample_rel_error"] for r in part], marker=markers[column], color="C0", ls=":",
+                   label=f"subsample, {column}")
+        for r in part:
+            left.annotate(f"W={r['window']}", (r["span"], r["jagg_z"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    left.axhline(1.0, color="grey", lw=0.8)
+    left.set_yscale("log")
+    left.set(xlabel="window noise span (s_a - s_b, mean over trained steps)", ylabel="z = |mean d|^2 / (tr Cov d / N)",
+             title="bias: z (about 1 without bias)")
+    right.set(xlabel="window noise span", ylabel="rms per-rollout error / rms noise of full",
+              title="per-rollout error at equal backward items")
+    left.legend(fontsize=6)
+    right.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _main(args: Args) -> int:
+    reports = sorted(Path(args.results).glob("*.json"))
+    rows = [row for path in reports for row in map_rows(json.loads(path.read_text()), path.stem)]
+    if not rows:
+        sys.stderr.write(f"bias_map: no report in {args.results} holds jagg and subsample rows\n")
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True)
+    (out / "map.json").write_text(json.dumps({"results": args.results, "rows": rows}, indent=2) + "\n")
+    (out / "map.md").write_text(table(rows) + "\n")
+    figure(rows, out / "map.png")
+    sys.stdout.write(table(rows) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, Args, PROG, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
