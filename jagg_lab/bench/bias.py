@@ -4,6 +4,10 @@
     python -m jagg_lab.bench bias "strategies=[jagg_causal:4,subsample:4,jagg_causal:6,subsample:6]" ...
 
 A strategy named `name:W` gets one row at window W; a bare name gets one per `windows` entry.
+`window_detail=true` adds, for every window size of the `jagg` rows, one row per window position
+(its noise levels, the routing score of `jagg_routed` from the rollout's velocities, and JAGG's
+bias and error on that window's share of the loss) and the correlation over (rollout, window)
+of the routing score with JAGG's relative error there: can routing find the windows where JAGG errs?
 `name[:W]@PRECISION` runs that row's gradient phase in a `trainer.precision` (bf16-mixed: the
 transformer under bfloat16 autocast, as training runs it) on the same float32 rollouts, against
 float32 `full`; `full@bf16-mixed` is `full` itself in bfloat16.
@@ -19,6 +23,8 @@ point the same way when the error is systematic.
 """
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -53,7 +59,8 @@ from jagg_lab.strategies import (
     SubsampleStrategy,
 )
 from jagg_lab.strategies.bias import ErrorSums, bias_summary
-from jagg_lab.strategies.core import flat_grad
+from jagg_lab.strategies.core import flat_grad, partition_windows
+from jagg_lab.strategies.routed import window_scores
 
 __all__ = ["BiasArgs", "ESTIMATORS", "bench_bias", "main"]
 
@@ -119,6 +126,7 @@ class BiasArgs:
     n_rollouts: int = 64  # N independent rollouts (the prompt stream's first N batches)
     seed: int = 0  # training seed: prompt stream, rollout noise, the estimators' draws
     device: str = "cpu"
+    window_detail: bool = False  # per window of the jagg rows: routing score, bias, error (costs a full and a jagg pass more)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.strategies if parse_entry(s)[0] not in ESTIMATORS]
@@ -152,6 +160,47 @@ def _gradient(strategy: GradientStrategy, module: GRPOModule, rollout, advantage
     return grad, {key: stats[key] for key in COUNTED if key in stats}, seconds
 
 
+def window_gradients(module: GRPOModule, rollout, advantages, window: int, micro_batches: int) -> list[dict]:
+    """Per window of `window` trained steps: the routing score (`jagg_routed`'s, from the rollout's
+    velocities, averaged over the batch), and JAGG's and full's gradients of that window's share of
+    the step's loss (the windows' full gradients sum to the step's). Gradients are left zeroed."""
+    steps = module.objective.steps_of(rollout)
+    total, params = rollout.final.shape[0], module.trainable_parameters()
+    out = []
+    for positions in partition_windows(len(steps), window):
+        share = dataclasses.replace(module.objective, trained_steps=tuple(steps[i] for i in positions))
+        grads = []
+        for strategy in (JaggStrategy(window=window, mode="cached"), FullStrategy()):
+            module.policy.zero_grad(set_to_none=True)
+            for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
+                share.backward(strategy, module.policy, rollout, advantages, idx, on_policy=True, params=params,
+                               scale=len(idx) / total * len(positions) / len(steps), draw=module.block_generator(idx))
+            grads.append(flat_grad(params).detach().clone())
+        module.policy.zero_grad(set_to_none=True)
+        velocities = [rollout.velocities[:, steps[i]] for i in positions]
+        out.append({"steps": [steps[i] for i in positions], "g": grads[0], "f": grads[1],
+                    "score": window_scores(velocities, list(range(len(positions)))).mean().item()})
+    return out
+
+
+def _rank(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    for r, i in enumerate(order):
+        ranks[i] = float(r)
+    return ranks
+
+
+def score_error_correlation(pairs: list[tuple[float, float]]) -> dict[str, float]:
+    """Pearson and Spearman correlation of (routing score, relative error) over (rollout, window)
+    pairs; a routing rule works where it is clearly negative (high score, small error)."""
+    scores, errors = [p[0] for p in pairs], [p[1] for p in pairs]
+    if len(pairs) < 3 or len(set(scores)) < 2 or len(set(errors)) < 2:
+        return {"pairs": len(pairs), "pearson": float("nan"), "spearman": float("nan")}
+    return {"pairs": len(pairs), "pearson": statistics.correlation(scores, errors),
+            "spearman": statistics.correlation(_rank(scores), _rank(errors))}
+
+
 def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: None, setting=None,
                partial: Callable[[dict], None] | None = None) -> dict:
     """The report over `n_rollouts` rollouts; `partial(report)` receives the report so far after
@@ -167,6 +216,10 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
                   for name, w, t, p in keys}
     reference = ("full", 1, None, "32-true")
     sums = {key: ErrorSums() for key in estimators}
+    detail_windows = sorted({key[1] for key in estimators if key[0] == "jagg"}) if args.window_detail else []
+    window_sums: dict[tuple[int, int], ErrorSums] = {}
+    window_seen: dict[tuple[int, int], dict] = {}
+    pairs: dict[int, list[tuple[float, float]]] = {w: [] for w in detail_windows}
     work = {key: {} for key in [reference, *estimators]}
     seconds = {key: 0.0 for key in work}
 
@@ -188,7 +241,15 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
                         "policy": dict(cfg.policy)},
             "machine": machine(args.device), "wall_s": time.perf_counter() - start,
             "rollouts_done": done, "no_bias_z": 1.0, "rows": rows,
+            **({"windows": window_report(), "score_error_correlation": {
+                str(w): score_error_correlation(pairs[w]) for w in detail_windows}} if detail_windows else {}),
         }
+
+    def window_report() -> list[dict]:
+        levels = module.sampler.noise_levels(module.policy).tolist()
+        return [{"window": w, "position": i, "steps": seen["steps"], "noise_levels": [levels[seen["steps"][0]], levels[seen["steps"][-1]]],
+                 "mean_score": seen["score"] / seen["n"], **bias_summary(window_sums[(w, i)])}
+                for (w, i), seen in window_seen.items()]
 
     stream = iter(data.train_dataloader())
     start = time.perf_counter()
@@ -202,6 +263,16 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
                 g, stats, t = _gradient(strategy, module, rollout, advantages, args.device)
             sums[key].add(g, f)
             count(key, stats, t)
+        for w in detail_windows:
+            for i, part in enumerate(window_gradients(module, rollout, advantages, w,
+                                                      len(advantages) // module.grpo.micro_batch_size)):
+                window_sums.setdefault((w, i), ErrorSums()).add(part["g"], part["f"])
+                seen = window_seen.setdefault((w, i), {"steps": part["steps"], "score": 0.0, "n": 0})
+                seen["score"] += part["score"]
+                seen["n"] += 1
+                f_norm = part["f"].norm().item()
+                if f_norm > 0:
+                    pairs[w].append((part["score"], (part["g"] - part["f"]).norm().item() / f_norm))
         progress(f"rollout {i + 1}/{args.n_rollouts}, {time.perf_counter() - start:.0f} s")
         if partial is not None and i + 1 >= 4 and i + 1 < args.n_rollouts:
             partial(report(i + 1))
@@ -215,6 +286,12 @@ COLUMNS = [("strategy", "strategy", "{}"), ("window", "W", "{}"), ("precision", 
            ("mean_cosine", "cos(mean g, mean f)", "{:.2f}"), ("rel_error", "per-rollout error / noise of f", "{:.2f}"),
            ("worst_over_mean", "worst / mean rollout error^2", "{:.1f}"), ("rollout_kurtosis", "error kurtosis over rollouts", "{:.1f}"),
            ("coord_kurtosis", "error kurtosis over parameters", "{:.0f}")]
+
+
+WINDOW_COLUMNS = [("window", "W", "{}"), ("position", "window", "{}"), ("steps", "steps", "{}"),
+                  ("mean_score", "routing score", "{:.3f}"), ("z", "z (no bias: ~1)", "{:.2f}"),
+                  ("halves_cosine", "cos(odd, even mean d)", "{:.2f}"), ("bias_over_mean_full", "|mean d| / |mean f|", "{:.2f}"),
+                  ("rel_error", "per-rollout error / noise of f", "{:.2f}")]
 
 
 def table(report: dict) -> str:
@@ -234,6 +311,11 @@ def _main(args: BiasArgs) -> int:
     z_full = report["rows"][1]["z_full"] if len(report["rows"]) > 1 else float("nan")
     sys.stdout.write(f"{args.n_rollouts} rollouts in {report['wall_s']:.0f} s; z of the mean full gradient itself: {z_full:.2f}\n")
     sys.stdout.write(table(report) + "\n")
+    if "windows" in report:
+        sys.stdout.write("\nJAGG per window (window_detail):\n" + markdown_table(report["windows"], WINDOW_COLUMNS) + "\n")
+        for w, corr in report["score_error_correlation"].items():
+            sys.stdout.write(f"W = {w}: routing score against JAGG's relative error over {corr['pairs']} (rollout, window) "
+                             f"pairs: Pearson {corr['pearson']:+.2f}, Spearman {corr['spearman']:+.2f}\n")
     return 0
 
 

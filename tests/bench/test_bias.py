@@ -3,6 +3,7 @@ refused before any model is built."""
 import json
 
 import pytest
+import torch
 
 from jagg_lab.bench import bias, common
 from jagg_lab.bench.__main__ import main
@@ -46,6 +47,29 @@ def test_a_window_pinned_to_a_strategy_gives_it_one_row(tmp_path):
     assert rows["jagg_causal", 6]["backward_items_per_rollout"] == 2 * 2  # knots 0, 5
     assert rows["subsample", 6]["backward_items_per_rollout"] == 2 * 2
     assert rows["jagg_causal_open", 2]["backward_items_per_rollout"] == 3 * 2  # knots 0, 2, 4
+
+
+def test_window_detail_splits_the_step_into_windows_and_correlates_score_with_error(tmp_path):
+    """Per window of the jagg rows: full's window gradients add up to the step's, a window of 1
+    or 2 steps is exact for JAGG, and the score / error correlation is reported per W."""
+    varied = [*TINY, "reward=jpeg"]  # the shapes verifier scores a random policy's samples alike: no advantage
+    setting = bias._setting(bias.BiasArgs(overrides=varied, n_rollouts=4))
+    _, module, data = setting
+    rollout, advantages = common.training_rollout(module, data, next(iter(data.train_dataloader())), 0, "cpu")
+    module.policy.train()
+    whole, _, _ = bias._gradient(bias.FullStrategy(), module, rollout, advantages, "cpu")
+    parts = bias.window_gradients(module, rollout, advantages, 4, micro_batches=2)
+    assert [p["steps"] for p in parts] == [[0, 1, 2, 3], [4, 5]]
+    assert torch.allclose(sum(p["f"] for p in parts), whole, atol=1e-6, rtol=1e-4)
+    assert torch.allclose(parts[1]["g"], parts[1]["f"], atol=1e-6, rtol=1e-4) and parts[1]["score"] == 1.0
+    assert not torch.allclose(parts[0]["g"], parts[0]["f"], atol=1e-6, rtol=1e-4) and -1 <= parts[0]["score"] <= 1
+    assert bias.score_error_correlation([(0.9, 0.1), (0.5, 0.4), (0.1, 0.8)])["spearman"] == pytest.approx(-1.0)
+    out = tmp_path / "bias.json"
+    assert main(["bias", f"out={out}", "n_rollouts=4", "strategies=[jagg,subsample]", "windows=[4]", "window_detail=true",
+                 f"overrides=[{','.join(varied)}]"]) == 0
+    report = json.loads(out.read_text())
+    assert [(w["window"], w["position"], w["steps"]) for w in report["windows"]] == [(4, 0, [0, 1, 2, 3]), (4, 1, [4, 5])]
+    assert report["windows"][1]["rel_error"] < 1e-3 and report["score_error_correlation"]["4"]["pairs"] == 8
 
 
 @pytest.mark.parametrize("argv, key", [
