@@ -85,6 +85,17 @@ def test_a_signal_during_the_last_step_leaves_a_finished_run_that_names_what_it_
     assert "after its last step" in unfinished_run(run)
 
 
+def test_a_hangup_stops_a_run_as_sigterm_does_resumable_with_a_summary(tmp_path):
+    """SIGHUP (the terminal closed, an ssh session dropped) during step 2 of 4: the step finishes,
+    last.ckpt and the summary say where to go on, as after SIGTERM."""
+    run = tmp_path / "run"
+    proc = faulty("rollout", 2, "HUP", *SMALL, "trainer.max_steps=4", f"hydra.run.dir={run}")
+    assert proc.returncode == 128 + signal.SIGHUP, proc.stderr[-3000:]
+    assert step_in(run / "checkpoints" / "last.ckpt") == 2 == len(read_rows(run / "metrics.csv"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] == "SIGHUP" and f"resume={run / 'checkpoints' / 'last.ckpt'}" in summary["next"]
+
+
 def test_a_run_killed_while_writing_last_ckpt_resumes_exactly_and_is_recognised(tmp_path):
     killed, resumed = tmp_path / "killed", tmp_path / "resumed"
     proc = faulty("last_write", 3, "KILL", *SMALL, "trainer.max_steps=3", "checkpoint_every=2", EVERY_STEP,

@@ -1,7 +1,7 @@
 """Interrupt-safe training and the one writer of `checkpoints/last.ckpt`.
 
-SIGINT / SIGTERM finish the optimizer step in progress, write `last.ckpt` and stop the run
-normally (so the policy is exported too). After the last optimizer step (the end-of-run
+SIGINT / SIGTERM / SIGHUP (a closed terminal, a dropped ssh session) finish the optimizer step
+in progress, write `last.ckpt` and stop the run normally (so the policy is exported too). After the last optimizer step (the end-of-run
 held-out evaluation and verdict, the export) a signal cuts the held-out work short instead:
 `last.ckpt` is already written then, and the policy is still exported.
 
@@ -36,7 +36,8 @@ __all__ = ["SafeStop", "parent_ended"]
 
 log = logging.getLogger(__name__)
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP, where the platform has it, as SIGTERM: a laptop run most often dies by its terminal closing
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
 
 
 def parent_ended() -> bool:
