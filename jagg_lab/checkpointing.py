@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from jagg_lab.rundir import ConfigError
 
-__all__ = ["AtomicCheckpointIO", "UNSAFE", "load_checkpoint", "refuse_unsafe", "rng_state", "set_rng_state"]
+__all__ = ["AtomicCheckpointIO", "UNSAFE", "load_checkpoint", "refuse_unsafe", "rng_state", "set_rng_state",
+           "publish_dir", "recover_published", "remove_leftover_writes"]
 
 UNSAFE = "holds Python objects that jagg_lab checkpoints never contain"
 
@@ -89,3 +92,68 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)  # atomic on POSIX within one filesystem
         finally:
             tmp.unlink(missing_ok=True)
+
+
+# ---- a sharded checkpoint is a directory: written whole as `.NAME.tmp`, then swapped in -------------
+def _swap_names(path: Path) -> tuple[Path, Path]:
+    return path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+
+
+def publish_dir(path: Path) -> None:
+    """Put the complete checkpoint directory `.NAME.tmp` in place of `path` (NAME), keeping the
+    previous one as `.NAME.old` until the new one is in place. A kill between the two renames
+    leaves no `path`; `recover_published` then puts the new one there."""
+    tmp, old = _swap_names(path)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_published(path: Path) -> str | None:
+    """Mend what a kill during `publish_dir` left, before `path` is read or written again, and say
+    what was done (None: nothing to mend). No `path` but `.NAME.old`: the kill came between the two
+    renames, which start only once every rank has written `.NAME.tmp`, so that one is complete and
+    goes in place (the previous checkpoint if it is gone too); `path` and a stale `.NAME.old`: the
+    kill came after both renames, and the old one is removed."""
+    path = Path(path)
+    tmp, old = _swap_names(path)
+    if not old.exists():
+        return None
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        return f"removed {old.name}, left by a save killed after it had put {path.name} in place"
+    newest = tmp if tmp.exists() else old
+    os.replace(newest, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return (f"{path.name} was missing (a save killed between its renames): put the "
+            f"{'new, complete checkpoint' if newest == tmp else 'previous checkpoint'} in its place")
+
+
+_LEFTOVER = re.compile(r"^\..+\.tmp-(\d+)$")
+
+
+def remove_leftover_writes(directory: Path) -> list[str]:
+    """Delete the temporary files of checkpoint writes that were killed (`.NAME.tmp-PID` whose
+    process no longer runs) in `directory`; returns their names. A write still in progress is kept."""
+    removed = []
+    for path in sorted(Path(directory).glob(".*.tmp-*")):
+        match = _LEFTOVER.match(path.name)
+        if match is None or not path.is_file() or _running(int(match.group(1))):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+

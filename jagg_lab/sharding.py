@@ -45,6 +45,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.swa_utils import AveragedModel
 
+from jagg_lab.checkpointing import publish_dir, recover_published
 from jagg_lab.strategies.core import flat_grad
 
 __all__ = ["FSDPStrategy", "shard_model", "is_sharded", "gather_for_passes", "reduce_scatter_gradients", "sum_gradients",
@@ -112,17 +113,15 @@ class FSDPStrategy(ModelParallelStrategy):
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         path = Path(self.broadcast(str(filepath)))
-        tmp, old = path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+        tmp = path.with_name(f".{path.name}.tmp")
         if self.is_global_zero:
+            recover_published(path)  # an earlier save killed between its renames: mend it before writing over .tmp
             shutil.rmtree(tmp, ignore_errors=True)
         self.barrier()
         super().save_checkpoint(checkpoint, tmp, storage_options)
         self.barrier()
         if self.is_global_zero:
-            if path.exists():
-                os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            publish_dir(path)
         self.barrier()
 
 

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from jagg_lab import CONF_DIR
 from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, quiet_third_party
 from jagg_lab.callbacks.interrupt import parent_ended
-from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint
+from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint, recover_published, remove_leftover_writes
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
 from jagg_lab.module import GRPOModule
 from jagg_lab.objectives import ForwardObjective, TrajectoryGRPO, trajectory_settings_used
@@ -80,12 +80,26 @@ def _instantiate(cfg: DictConfig, key: str, **kwargs):
         raise ConfigError(f"{key}: {cause}") from err
 
 
+def mend_checkpoint_dir(checkpoint: Path) -> None:
+    """Before a resume reads `checkpoint`: put back a sharded checkpoint whose save was killed
+    between its renames, and delete the temporary files of killed writes beside it."""
+    mended = recover_published(checkpoint)
+    if mended:
+        log.warning("resume: %s", mended)
+    removed = remove_leftover_writes(checkpoint.parent) if checkpoint.parent.is_dir() else []
+    if removed:
+        log.warning("resume: deleted %d temporary file(s) of killed checkpoint writes in %s: %s", len(removed),
+                    checkpoint.parent, ", ".join(removed))
+
+
 def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataModule, L.Trainer]:
     """Validate and build the run. Cheap parts first, so bad values fail before the policy loads."""
     owner = is_launch_process()
     if owner:
         check_fresh_run_dir(run_dir)
     check_missing(cfg)
+    if owner and cfg.resume is not None:
+        mend_checkpoint_dir(Path(cfg.resume))
     resume_state = (None if cfg.resume is None else read_sharded_checkpoint(cfg.resume) if Path(cfg.resume).is_dir()
                     else read_checkpoint(cfg.resume))  # a directory: sharded (trainer=fsdp)
     check_run_settings(cfg, resume_state)

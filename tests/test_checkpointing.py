@@ -127,3 +127,65 @@ def test_ddp_checkpoints_still_resume_exactly(tmp_path):
     straight, rows = read_rows(tmp_path / "straight" / "metrics.csv"), read_rows(tmp_path / "resumed" / "metrics.csv")
     keys = [k for k in straight[1] if not k.startswith("time_")]
     assert [int(r["step"]) for r in rows] == [2] and {k: rows[0][k] for k in keys} == {k: straight[1][k] for k in keys}
+
+
+# ---- a sharded save killed between its renames; temporary files of killed writes --------------------
+def _sharded(path, payload):
+    path.mkdir()
+    (path / "shard").write_text(payload)
+
+
+@pytest.mark.parametrize("kill_after", [0, 1, 2])
+def test_every_kill_point_of_a_sharded_publish_leaves_the_newest_whole_checkpoint(tmp_path, monkeypatch, kill_after):
+    """Kill the swap after 0, 1 or 2 of its renames (and before the stale copy is removed): the
+    mend before the next read or write puts the new checkpoint in place (it was complete before
+    the renames began) and leaves no .old behind."""
+    import jagg_lab.checkpointing as checkpointing
+    last = tmp_path / "last.ckpt"
+    _sharded(last, "step 2")
+    _sharded(tmp_path / ".last.ckpt.tmp", "step 3")
+    real, calls = os.replace, []
+
+    def killed_replace(src, dst):
+        if len(calls) == kill_after:
+            raise KeyboardInterrupt("killed")
+        calls.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(checkpointing.os, "replace", killed_replace)
+    monkeypatch.setattr(checkpointing.shutil, "rmtree", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt("killed")))
+    with pytest.raises(KeyboardInterrupt):
+        checkpointing.publish_dir(last)
+    monkeypatch.undo()
+    assert last.exists() == (kill_after != 1)  # only a kill between the renames leaves no last.ckpt
+    said = checkpointing.recover_published(last)
+    assert (said is None) == (kill_after == 0)
+    expected = "step 2" if kill_after == 0 else "step 3"  # before the first rename the new one is not yet published
+    assert (last / "shard").read_text() == expected and not (tmp_path / ".last.ckpt.old").exists()
+    assert checkpointing.recover_published(last) is None  # nothing left to mend
+
+
+def test_with_both_copies_gone_the_previous_checkpoint_is_put_back(tmp_path):
+    from jagg_lab.checkpointing import recover_published
+    _sharded(tmp_path / ".last.ckpt.old", "step 2")
+    assert "previous checkpoint" in recover_published(tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt" / "shard").read_text() == "step 2"
+
+
+def test_a_resume_deletes_the_temporary_files_of_killed_writes_and_keeps_live_ones(tmp_path, caplog):
+    import subprocess
+    import sys as _sys
+
+    from jagg_lab.train import mend_checkpoint_dir
+    dead = subprocess.run([_sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    (tmp_path / "last.ckpt").write_bytes(b"x")
+    (tmp_path / f".last.ckpt.tmp-{dead_pid}").write_bytes(b"half")
+    (tmp_path / f".step_000002.ckpt.tmp-{dead_pid}").write_bytes(b"half")
+    (tmp_path / f".last.ckpt.tmp-{os.getpid()}").write_bytes(b"being written")
+    (tmp_path / ".notes.tmp-x").write_bytes(b"not ours")
+    with caplog.at_level("WARNING"):
+        mend_checkpoint_dir(tmp_path / "last.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["last.ckpt", f".last.ckpt.tmp-{os.getpid()}", ".notes.tmp-x"])
+    assert "deleted 2 temporary file(s)" in caplog.text
