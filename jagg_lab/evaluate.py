@@ -5,6 +5,7 @@ prompts) or of the verifier itself (fresh ground-truth renders).
     python -m jagg_lab.evaluate source=ground_truth n_samples=256 seed=1 out=gt.json
     python -m jagg_lab.evaluate source=policy noise_level=0.7 num_steps=10 ...   # with GRPO's SDE sampler
     python -m jagg_lab.evaluate source=policy run=outputs/runs/RUN ...          # any trained policy
+    python -m jagg_lab.evaluate ... base=base.json   # (or base=RUN/checkpoints/last.ckpt) and its paired gain over the base
     python -m jagg_lab.evaluate --help
 
 The work is done by `jagg_lab.evaluation`; this module is its command line.
@@ -22,8 +23,9 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from jagg_lab import cli
+from jagg_lab.checkpointing import load_checkpoint
 from jagg_lab.evaluation.samples import check_categories
-from jagg_lab.evaluation import eval_prompts, find_run, load_run_policy, sample_images, score_images
+from jagg_lab.evaluation import eval_prompts, find_run, load_run_policy, paired_gain, sample_images, score_images
 from jagg_lab.policies import DiTPolicy
 from jagg_lab.worlds.shapes import render_batch
 
@@ -66,6 +68,7 @@ class EvalArgs:
     run: str | None = None  # a training run directory (or a weights file in one): its policy instead of the DiT
     device: str = "cpu"  # where the policy samples
     categories: list[str] | None = None  # only these shapes categories, in turn (null: all six)
+    base: str | None = None  # grade against the base: its evaluation (JSON) of the same prompts and noise, or a run's .ckpt holding it
 
     def __post_init__(self) -> None:
         if self.categories is not None:
@@ -110,9 +113,36 @@ def evaluate(args: EvalArgs) -> dict:
     return result
 
 
+def base_gain(result: dict, base: str) -> dict:
+    """The paired gain of `result` over the base: `base` is the base's evaluation (JSON) of the same
+    prompts and noise, or a training checkpoint, whose held-out callback kept the base's scores on
+    the verdict set and on the periodic set (the one of the same settings is used). ValueError
+    when it holds none of this evaluation's prompts and noise."""
+    if Path(base).suffix == ".ckpt":
+        states = load_checkpoint(base, "base").get("callbacks", {}).values()
+        candidates = [state[key] for state in states if isinstance(state, dict)
+                      for key in ("final_base", "base") if state.get(key)]
+    else:
+        if not Path(base).is_file():
+            raise FileNotFoundError(f"base: no such evaluation {base}")
+        candidates = [json.loads(Path(base).read_text())]
+    reasons = []
+    for reference in candidates:
+        try:
+            return paired_gain(result, reference)
+        except ValueError as err:
+            reasons.append(str(err))
+    raise ValueError(f"base: {base} holds no base scores on this evaluation's prompts and noise"
+                     + (f" ({'; '.join(reasons)})" if reasons else " (none at all)"))
+
+
 def _main(args: EvalArgs) -> int:
     try:
         result = evaluate(args)
+        if args.base is not None:
+            gain = base_gain(result, args.base)
+            result["gain_over_base"] = {k: v for k, v in gain.items() if k != "per_category"}
+            result["per_category_gain_over_base"] = gain["per_category"]
     except (ValueError, FileNotFoundError) as err:  # a checkpoint that is missing or does not fit
         sys.stderr.write(f"jagg_lab.evaluate: {err}\n")
         return 2
@@ -122,6 +152,10 @@ def _main(args: EvalArgs) -> int:
     log.info("strict_accuracy=%.3f dense_score=%.3f (%s, n=%d)", result["strict_accuracy"], result["dense_score"], args.source, args.n_samples)
     for category, r in result["per_category"].items():
         log.info("  %-14s strict=%.3f dense=%.3f", category, r["strict_accuracy"], r["dense_score"])
+    if "gain_over_base" in result:
+        g = result["gain_over_base"]
+        log.info("over the base (n=%d, paired): dense %+.3f ± %.3f, strict %+.3f ± %.3f", args.n_samples,
+                 g["dense_gain"], g["dense_gain_se"], g["strict_gain"], g["strict_gain_se"])
     return 0
 
 

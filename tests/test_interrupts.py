@@ -69,8 +69,18 @@ def test_an_interrupt_during_the_verdict_keeps_the_policy_and_says_what_is_left(
     assert summary["steps"] == 3 and summary["interrupted"] == "SIGINT" and summary["unfinished"] == ["held-out verdict"]
     command = shlex.split(summary["next"])
     assert command[:3] == ["python", "-m", "jagg_lab.evaluate"] and "n_samples=6" in command and "seed=3" in command
+    assert f"base={run / 'checkpoints' / 'last.ckpt'}" in command  # it grades against the base's stored scores
     assert evaluate([*command[3:], f"out={tmp_path / 'verdict.json'}"]) == 0  # the command finishes it
-    assert json.loads((tmp_path / "verdict.json").read_text())["args"]["n_samples"] == 6
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert verdict["args"]["n_samples"] == 6
+    gain = verdict["gain_over_base"]  # as the run itself would have reported it: paired, over the base
+    assert set(gain) >= {"dense_gain", "dense_gain_se", "strict_gain", "strict_gain_se"}
+    states = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["callbacks"].values()
+    base = next(state["final_base"] for state in states if isinstance(state, dict) and state.get("final_base"))
+    assert gain["dense_gain"] == pytest.approx(verdict["dense_score"] - base["dense_score"])
+    assert gain["strict_gain"] == pytest.approx(verdict["strict_accuracy"] - base["strict_accuracy"])
+    # another set is refused naming the base file, not graded against the wrong scores
+    assert evaluate([*[a for a in command[3:] if not a.startswith("seed=")], "seed=99"]) == 2
 
 
 @pytest.mark.parametrize("heldout,left", [([], []), (HELDOUT, ["end-of-run held-out evaluation", "held-out verdict"])])

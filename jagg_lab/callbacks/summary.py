@@ -98,8 +98,11 @@ class RunSummary(Callback):
             summary["next"] = " ".join(shlex.quote(a) for a in resume[:-1]) + " " + resume[-1]
         elif heldout.unfinished:  # what the held-out work would have measured, by the evaluation command
             settings = heldout.args(trainer.lightning_module.policy, final="held-out verdict" in heldout.unfinished)
+            base = run / "checkpoints" / "last.ckpt"  # holds the base's scores: the command grades against them
             summary["next"] = f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} " + " ".join(
-                f"{k}={settings[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size"))
+                f"{k}={settings[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size")) + (
+                f" {shlex.quote('categories=[' + ','.join(settings['categories']) + ']')}" if "categories" in settings else "") + (
+                f" base={shlex.quote(str(base))}" if base.is_file() else "")
         else:
             summary["next"] = f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} n_samples=512 seed=1"
         lines.append(f"next: {summary['next']}")

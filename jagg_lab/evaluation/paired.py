@@ -15,7 +15,7 @@ __all__ = ["PAIRING_FREE", "paired_gain"]
 # evaluate settings that may differ between two evaluations compared sample by sample: they
 # name the policy or where outputs go; every other setting fixes the prompts, noise or sampler.
 # A key an older evaluation lacks reads as None, so new settings default to None or sit here.
-PAIRING_FREE = ("checkpoint", "out", "grid", "size", "run", "device")
+PAIRING_FREE = ("checkpoint", "out", "grid", "size", "run", "device", "base")
 
 
 def paired_gain(result: dict, reference: dict) -> dict:
