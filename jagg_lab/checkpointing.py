@@ -24,7 +24,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from jagg_lab.rundir import ConfigError
 
 __all__ = ["AtomicCheckpointIO", "UNSAFE", "load_checkpoint", "refuse_unsafe", "rng_state", "set_rng_state",
-           "publish_dir", "recover_published", "remove_leftover_writes"]
+           "publish_dir", "recover_published", "remove_leftover_writes", "PICKLED_WEIGHTS", "refuse_pickled_weights"]
 
 UNSAFE = "holds Python objects that jagg_lab checkpoints never contain"
 
@@ -92,6 +92,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)  # atomic on POSIX within one filesystem
         finally:
             tmp.unlink(missing_ok=True)
+
+
+# ---- weights of other libraries (diffusers, transformers): safetensors only ---------------------------
+PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def refuse_pickled_weights(directory: str | Path, key: str) -> None:
+    """A model directory a user named (`key`) must hold its weights as safetensors: a pickled
+    weight file (.bin, .pt, ...) in it or its component folders, where that folder has no
+    .safetensors beside it, is refused naming the file, since unpickling it can run code."""
+    directory = Path(directory)
+    for folder in [directory, *(p for p in sorted(directory.iterdir()) if p.is_dir())]:
+        pickled = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in PICKLED_WEIGHTS)
+        if pickled and not any(folder.glob("*.safetensors")):
+            raise ConfigError(
+                f"{key}: {pickled[0]} is a pickled weight file, and unpickling can run code; jagg_lab loads "
+                "safetensors only. Convert it where you trust its source (load it, then save_pretrained(..., "
+                "safe_serialization=True)) and name the converted directory.")
 
 
 # ---- a sharded checkpoint is a directory: written whole as `.NAME.tmp`, then swapped in -------------

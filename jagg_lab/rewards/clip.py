@@ -22,12 +22,14 @@ config (resize the shortest side with its interpolation, centre crop, normalise)
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jagg_lab.checkpointing import refuse_pickled_weights
 from jagg_lab.rewards.base import Reward
 
 __all__ = ["ClipBackbone", "ClipScore", "PickScoreStyle", "load_clip", "preprocess_images"]
@@ -142,8 +144,10 @@ def load_clip(
         if model_name not in open_clip.list_models():
             raise ValueError(f"{key}.model_name {model_name!r} is not an open_clip architecture (see open_clip.list_models())")
         try:
-            model = open_clip.create_model(model_name, pretrained=str(path), precision=precision, device=device)
-        except (RuntimeError, OSError, KeyError, ValueError) as err:
+            # weights_only: torch's restricted unpickler, which builds tensors and containers, nothing else
+            model = open_clip.create_model(model_name, pretrained=str(path), precision=precision, device=device,
+                                           weights_only=True)
+        except (RuntimeError, OSError, KeyError, ValueError, pickle.UnpicklingError) as err:
             raise ValueError(f"{key}.pretrained: cannot load {path} into open_clip {model_name!r}: {err}") from err
         cfg = dict(model.visual.preprocess_cfg)
         preprocess = {k: cfg[k] for k in ("size", "mean", "std", "interpolation", "resize_mode")}
@@ -158,8 +162,9 @@ def load_clip(
         raise FileNotFoundError(f"{key}.processor: no such tokenizer/processor directory {proc_path}")
     from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
 
+    refuse_pickled_weights(path, f"{key}.pretrained")
     try:
-        model = CLIPModel.from_pretrained(str(path), local_files_only=True).to(device=device, dtype=dtype)
+        model = CLIPModel.from_pretrained(str(path), local_files_only=True, use_safetensors=True).to(device=device, dtype=dtype)
     except (OSError, ValueError) as err:
         raise ValueError(f"{key}.pretrained: cannot load a transformers CLIPModel from {path}: {err}") from err
     try:

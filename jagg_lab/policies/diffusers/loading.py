@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from jagg_lab.checkpointing import refuse_pickled_weights
 from jagg_lab.policies.diffusers.adapter import TransformerAdapter
 from jagg_lab.types import Cond
 
@@ -72,6 +73,8 @@ def load_pipeline(
     if path.is_dir() and not (path / "model_index.json").is_file():
         raise FileNotFoundError(f"policy.pretrained: {path} is not a diffusers pipeline (no model_index.json)")
     source = str(path) if path.is_dir() else pretrained
+    if path.is_dir():
+        refuse_pickled_weights(path, "policy.pretrained")
     # Components saved as [null, null] (e.g. SD3 without its T5 encoder) must be passed as None.
     absent = {}
     if path.is_dir():
@@ -82,7 +85,9 @@ def load_pipeline(
             # diffusers >= 0.36 renames torch_dtype to dtype; the old name works in every version
             warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
             # Everything loads in the compute dtype; a full fine-tune upcasts its transformer below.
-            pipe = pipeline_cls.from_pretrained(source, torch_dtype=dtype, local_files_only=local_files_only, **absent)
+            # safetensors only: a pickled component is refused rather than unpickled (it can run code)
+            pipe = pipeline_cls.from_pretrained(source, torch_dtype=dtype, local_files_only=local_files_only,
+                                                use_safetensors=True, **absent)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise FileNotFoundError(
             f"policy.pretrained: cannot load a diffusers {pipeline_cls.__name__} from {pretrained!r} "
