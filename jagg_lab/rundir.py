@@ -1,7 +1,10 @@
 """The run directory every entry point writes into: never reused, with metrics in RUN_DIR/metrics.csv."""
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shlex
 import shutil
 import warnings
 from pathlib import Path
@@ -45,6 +48,36 @@ def unfinished_run(run_dir: Path) -> str | None:
     return f"{how}: continue it with resume={last} hydra.run.dir=NEW_DIR"
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether `err` (or an error it was raised from) is a full disk or an exhausted quota."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in DISK_FULL:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def disk_full_message(run_dir: Path, err: BaseException, overrides: list[str], verdict: dict | None = None) -> str:
+    """One line for a run stopped by a full disk: what failed, what is whole, how to go on. verdict:
+    the verdict's evaluation settings when training had finished and only the verdict was left."""
+    while not (isinstance(err, OSError) and err.errno in DISK_FULL):
+        err = err.__cause__ or err.__context__
+    said = f"jagg_lab.train: the disk is full ({err.strerror}{f' writing {err.filename}' if err.filename else ''})"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if not last.exists():
+        return f"{said}; no checkpoint was written yet: free space and start again"
+    if verdict is not None:
+        settings = " ".join(f"{k}={verdict[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size"))
+        return (f"{said} after training had finished; {last} holds the trained policy: free space, then grade it with: "
+                f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(last))} {settings} base={shlex.quote(str(last))}")
+    kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "jagg_lab.train", *kept, f"resume={last}"])
+    return f"{said}; {last} holds the last whole checkpoint: free space, then go on with: {command} hydra.run.dir=NEW_DIR"
+
+
 def check_fresh_run_dir(run_dir: Path) -> None:
     taken = [name for name in _RUN_MARKERS if (run_dir / name).exists()]
     if taken:
@@ -59,7 +92,20 @@ HEADLINE_COLUMNS = ("step", "reward_mean", "reward_std", "loss", "grad_norm", "c
 
 
 class _MetricsWriter(ExperimentWriter):
-    """Lightning's CSV writer, with the headline columns first instead of every column alphabetical."""
+    """Lightning's CSV writer, with the headline columns first instead of every column alphabetical;
+    an append that fails (a full disk) is cut back to the rows written before it, never a half row."""
+
+    def save(self) -> None:
+        path = Path(self.metrics_file_path)
+        size = path.stat().st_size if path.is_file() else None
+        try:
+            super().save()
+        except OSError:
+            if size is None:
+                path.unlink(missing_ok=True)
+            elif path.is_file() and path.stat().st_size > size:
+                os.truncate(path, size)
+            raise
 
     def _record_new_keys(self) -> set[str]:
         new_keys = super()._record_new_keys()  # sorted by name; the stable sort below keeps that for the rest

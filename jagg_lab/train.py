@@ -35,7 +35,7 @@ from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint, recover_
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
 from jagg_lab.module import GRPOModule
 from jagg_lab.objectives import ForwardObjective, TrajectoryGRPO, trajectory_settings_used
-from jagg_lab.rundir import ConfigError, check_fresh_run_dir, remove_run_outputs, run_logger
+from jagg_lab.rundir import ConfigError, check_fresh_run_dir, disk_full, disk_full_message, remove_run_outputs, run_logger
 from jagg_lab.sharding import read_sharded_checkpoint
 
 log = logging.getLogger(__name__)
@@ -209,9 +209,12 @@ def main(cfg: DictConfig) -> None:
     summary, stop, heldout = (next(c for c in trainer.callbacks if isinstance(c, kind)) for kind in (RunSummary, SafeStop, HeldoutEval))
     try:
         trainer.fit(module, datamodule=data, ckpt_path=cfg.resume, weights_only=True)
-    except BaseException:
+    except BaseException as err:
         if owner and not summary.rewards:
             remove_run_outputs(run_dir, keep=earlier)  # failed before its first step: nothing worth keeping
+        if disk_full(err):  # checkpoints, metrics rows and the verdict are whole or absent: say what to resume
+            verdict = heldout.args(module.policy, final=True) if stop.training_done and heldout.final_base else None
+            sys.exit(disk_full_message(run_dir, err, list(HydraConfig.get().overrides.task), verdict))
         raise
     interrupted = signal.Signals(stop.signal).name if stop.signal is not None else None
     if owner:

@@ -33,6 +33,7 @@ import csv
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import lightning as L
@@ -235,9 +236,14 @@ class HeldoutEval(Callback):
         gain = paired_gain(result, self.final_base)
         step = self.restored[1] if self.restored is not None else trainer.global_step  # whose weights were graded
         self.verdict = {**result, "step": step, "gain": gain}
-        (self.run_dir / "heldout_final.json").write_text(json.dumps(
-            {"step": step, "run_steps": trainer.global_step, "final": result, "base": self.final_base,
-             **overall(gain)}) + "\n")
+        final = self.run_dir / "heldout_final.json"
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        try:  # whole or absent: a full disk leaves no half file under the final name
+            tmp.write_text(json.dumps({"step": step, "run_steps": trainer.global_step, "final": result,
+                                       "base": self.final_base, **overall(gain)}) + "\n")
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
         for logger in trainer.loggers:
             if not isinstance(logger, CSVLogger):
                 logger.log_metrics({f"heldout_final/{k}": v for k, v in gain.items() if isinstance(v, float)},
