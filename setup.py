@@ -4,7 +4,8 @@ package directory jagg_lab/conf, so an install outside the checkout finds the co
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["jagg_lab*"]), "jagg_lab.conf"],
+    # hydra_plugins.jagg_lab_launcher: the local sweep launcher (Hydra finds launchers in that namespace only)
+    packages=[*find_packages(include=["jagg_lab*"]), "jagg_lab.conf", "hydra_plugins.jagg_lab_launcher"],
     package_dir={"jagg_lab.conf": "conf"},
     package_data={"jagg_lab": ["assets/*", "assets/heldout/*.json"], "jagg_lab.conf": ["**/*.yaml"]},
 )

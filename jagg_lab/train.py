@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -37,6 +38,7 @@ from jagg_lab.module import GRPOModule
 from jagg_lab.objectives import ForwardObjective, TrajectoryGRPO, trajectory_settings_used
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, disk_full, disk_full_message, remove_run_outputs, run_logger
 from jagg_lab.sharding import read_sharded_checkpoint
+from jagg_lab.sweeps import sweep_stopping
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +191,11 @@ def main(cfg: DictConfig) -> None:
         if owner:
             remove_run_outputs(run_dir, keep=earlier)
         leave_orphaned_worker(128 + signal.SIGTERM)
+    if sweep_stopping(run_dir):  # a sweep told to stop (Ctrl-C): its further jobs start nothing
+        log.warning("the sweep is stopping: not starting %s", run_dir)
+        if owner:
+            remove_run_outputs(run_dir, keep=earlier)
+        return
     try:
         module, data, trainer = build(cfg, run_dir)
     except BaseException as err:
@@ -221,8 +228,9 @@ def main(cfg: DictConfig) -> None:
         summary.report(trainer, heldout, list(HydraConfig.get().overrides.task), interrupted, trained=stop.after_training)
     if stop.orphaned:  # a sweep's worker whose sweep was killed: end the process, not just the job
         leave_orphaned_worker(128 + (stop.signal or signal.SIGTERM))
-    if interrupted:
+    if interrupted and multiprocessing.parent_process() is None:
         sys.exit(128 + stop.signal)  # the shell's convention for a process ended by a signal
+    # (a sweep's job returns instead: an exit would end the whole sweep, killing jobs still stopping)
 
 
 if __name__ == "__main__":

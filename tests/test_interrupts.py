@@ -232,3 +232,42 @@ def test_killing_a_local_sweep_stops_every_job_cleanly_and_leaves_no_worker(tmp_
         summary = json.loads((run / "summary.json").read_text())
         assert summary["interrupted"] == "SIGTERM" and (run / "policy.safetensors").is_file()
         assert step_in(run / "checkpoints" / "last.ckpt") == summary["steps"] == len(read_rows(run / "metrics.csv")) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["INT", "HUP"])
+def test_ctrl_c_or_a_hangup_of_a_local_sweep_stops_every_job_cleanly_and_says_what_each_left(tmp_path, name):
+    """The terminal's Ctrl-C (SIGINT to the sweep's whole process group) or its hangup: the running
+    jobs finish their step and write last.ckpt and a summary, the queued job never starts, the sweep
+    waits for them (joblib would kill them mid-step), lists every job in jobs.txt and exits 128 + signal."""
+    psutil = pytest.importorskip("psutil")
+    signum = getattr(signal, f"SIG{name}")
+    sweep = tmp_path / "sweep"
+    parent = subprocess.Popen([sys.executable, "-m", "jagg_lab.train", "--multirun", "hydra/launcher=local", *SMALL,
+                               "seed=0,1,2", "trainer.max_steps=100000", f"hydra.sweep.dir={sweep}"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)  # its own process group, as a terminal gives it
+    try:
+        deadline = time.monotonic() + 300
+        while not all((sweep / job / "metrics.csv").is_file() for job in ("0", "1")):  # both workers are training
+            assert parent.poll() is None and time.monotonic() < deadline, "the sweep did not start both jobs"
+            time.sleep(0.5)
+        workers = psutil.Process(parent.pid).children(recursive=True)
+        os.killpg(parent.pid, signum)
+        _, err = parent.communicate(timeout=240)
+        gone, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+    assert parent.returncode == 128 + signum, err[-3000:]
+    lines = (sweep / "jobs.txt").read_text().splitlines()
+    assert len(lines) == 3 and lines[2] == f"{sweep / '2'}: never started", lines
+    for job, line in zip(("0", "1"), lines):
+        run = sweep / job
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["interrupted"] == f"SIG{name}" and (run / "policy.safetensors").is_file()
+        assert step_in(run / "checkpoints" / "last.ckpt") == summary["steps"] == len(read_rows(run / "metrics.csv")) > 0
+        assert line.startswith(f"{run}: stopped by SIG{name}") and f"resume={run / 'checkpoints' / 'last.ckpt'}" in line
+    assert not (sweep / "2" / "metrics.csv").exists() and not (sweep / ".stopping").exists()
+

@@ -40,6 +40,7 @@ def test_wheel_ships_the_configs_and_trains_outside_the_checkout(tmp_path):
     configs = {f"jagg_lab/{p.relative_to(REPO).as_posix()}" for p in (REPO / "conf").rglob("*.yaml")}
     assert "jagg_lab/conf/hydra/launcher/slurm.yaml" in configs and configs <= shipped
     assert "jagg_lab/assets/shapes_dit_s.safetensors" in shipped
+    assert "hydra_plugins/jagg_lab_launcher/__init__.py" in shipped  # hydra/launcher=local's launcher
 
     site, elsewhere, run_dir = tmp_path / "site", tmp_path / "elsewhere", tmp_path / "run"
     run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel)])
