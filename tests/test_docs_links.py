@@ -88,3 +88,16 @@ def test_readme_is_a_front_door():
     assert 'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest\n' in text
     # no result narrative: the front door comes before the results, and they live in docs/results/
     assert text.index("## Quickstart") < text.index("## Which strategy?") < text.index("## Extending")
+
+
+def test_every_method_section_a_docstring_names_exists():
+    """Code and tests cite the method by `docs/method.md section N` (or `sections N-M`): each N
+    must be a numbered section of that document."""
+    sections = {int(m) for m in re.findall(r"^## (\d+)\.", (REPO / "docs" / "method.md").read_text(), re.M)}
+    cited = []
+    for path in [*(REPO / "jagg_lab").rglob("*.py"), *(REPO / "tests").rglob("*.py")]:
+        for a, b in re.findall(r"docs/method\.md sections? (\d+)(?:-(\d+))?", path.read_text()):
+            cited += [(path.name, n) for n in range(int(a), int(b or a) + 1)]
+    assert len(cited) >= 9 and sections >= {1, 2, 3, 8}
+    assert not [c for c in cited if c[1] not in sections], sorted(sections)
+    assert not [p for p in (REPO / "jagg_lab").rglob("*.py") if "JAGG.md" in p.read_text()]  # a file that ships nowhere

@@ -2,7 +2,7 @@
 
 L_k depends on the parameters only through v_k = v_theta(x_k, s_k, c), so a gradient
 strategy can take g_k = dL_k / dv_k from this small graph and decide on its own how
-to push it through the transformer (JAGG.md section 2).
+to push it through the transformer (docs/method.md section 2).
 """
 from __future__ import annotations
 

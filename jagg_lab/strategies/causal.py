@@ -2,7 +2,7 @@
 
 Plain JAGG pairs step k's upstream signal g_k, which carries the noise injected at step k,
 with alpha_k J_b(x_b), and x_b (b > k) is computed from that noise: with a constant advantage
-its mean no longer vanishes, which is JAGG's bias (JAGG.md section 8). A Jacobian evaluated at
+its mean no longer vanishes, which is JAGG's bias (docs/method.md section 8). A Jacobian evaluated at
 a state x_n with n <= k does not depend on that noise, so pairing g_k with it keeps the score
 identity that makes `full`'s mean zero there. `jagg_causal` shares such nodes between steps:
 

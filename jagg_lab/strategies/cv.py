@@ -1,4 +1,4 @@
-"""`jagg_cv`: JAGG made unbiased by a control variate (JAGG.md section 8, ours).
+"""`jagg_cv`: JAGG made unbiased by a control variate (docs/method.md section 8, ours).
 
 Plain JAGG's window estimate H = sum_k Jhat_k^T g_k, with Jhat_k = (1 - alpha_k) J_a + alpha_k J_b,
 is biased: g_k carries the noise injected at step k and J_b(x_b) depends on it, so the

@@ -1,4 +1,4 @@
-"""`jagg`: Jacobian-Aggregated Group Gradient (JAGG.md sections 3-4).
+"""`jagg`: Jacobian-Aggregated Group Gradient (docs/method.md sections 3-4).
 
 Inside a window [a..b] the Jacobian of the velocity is interpolated linearly in noise
 level, J_k ~ (1 - alpha_k) J_a + alpha_k J_b, so the window's gradient collapses to

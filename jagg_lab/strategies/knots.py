@@ -1,4 +1,4 @@
-"""`jagg_knots`: JAGG with knots shared by neighbouring segments (JAGG.md section 7).
+"""`jagg_knots`: JAGG with knots shared by neighbouring segments (docs/method.md section 7).
 
 The Jacobian is interpolated piecewise-linearly (in noise level) between knots: each
 trained step's upstream signal g_k is split between its two neighbouring knots with the

@@ -1,4 +1,4 @@
-"""`jagg_routed`: deploy JAGG only on windows where the velocity moves along a line (JAGG.md section 5).
+"""`jagg_routed`: deploy JAGG only on windows where the velocity moves along a line (docs/method.md section 5).
 
 Score of a window, per sample, from the rollout's cached velocities (free):
 min over intermediate k of cos(v_k - v_a, v_b - v_a); 1.0 for windows of <= 2 steps.

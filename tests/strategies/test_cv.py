@@ -1,4 +1,4 @@
-"""JAGG.md section 8: the bias of plain JAGG, and `jagg_cv`, its unbiased control-variate form."""
+"""docs/method.md section 8: the bias of plain JAGG, and `jagg_cv`, its unbiased control-variate form."""
 import itertools
 import warnings
 

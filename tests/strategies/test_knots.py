@@ -1,4 +1,4 @@
-"""Shared-knot JAGG (JAGG.md section 7) and adaptive knot placement."""
+"""Shared-knot JAGG (docs/method.md section 7) and adaptive knot placement."""
 import pytest
 import torch
 

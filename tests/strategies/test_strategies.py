@@ -1,4 +1,4 @@
-"""JAGG.md sections 3-5: the properties every gradient strategy must satisfy."""
+"""docs/method.md sections 3-5: the properties every gradient strategy must satisfy."""
 import warnings
 
 import pytest
