@@ -3,8 +3,10 @@
     step 13/100 [###-----------------] 13% | 0:01:20 elapsed, ETA 0:08:55 | 6.15 s/step | reward 0.453 | loss -1.2e-05
 
 Step and total count optimizer steps of the whole run (a resumed run starts at its checkpoint's
-step); elapsed time, the rate and the ETA count from this process's first step, so a resume
-does not divide its time by steps it did not take. The loss is printed with 3 significant
+step); elapsed time counts from this process's first step. The rate (s/step) and the ETA follow
+the last RECENT_STEPS steps, so a pause (a suspended process, a held-out evaluation) fades out of
+them instead of inflating the rest of the run's rate; a resume does not divide its time by steps
+it did not take. The loss is printed with 3 significant
 digits: GRPO's per-step loss is ~1e-5 and rounds to 0 at a fixed 3 decimals.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import math
 import time
 import warnings
+from collections import deque
 from datetime import timedelta
 from typing import Callable
 
@@ -60,11 +63,15 @@ def _clock(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds))) if math.isfinite(seconds) else "-:--:--"
 
 
+RECENT_STEPS = 10  # the rate and the ETA follow this many latest steps
+
+
 def progress_line(step: int, total: int | None, elapsed_s: float, steps_done: int, reward: float, loss: float,
-                  time_left_s: float | None = None) -> str:
+                  time_left_s: float | None = None, rate_s: float | None = None) -> str:
     """One progress line. total: None when the run is bounded by time only; time_left_s: what
-    remains of a wall-clock budget (the ETA is the sooner of the two ends)."""
-    rate = elapsed_s / steps_done if steps_done else math.nan
+    remains of a wall-clock budget (the ETA is the sooner of the two ends). rate_s: seconds per
+    step (default: the mean over the steps_done steps of elapsed_s)."""
+    rate = rate_s if rate_s is not None else elapsed_s / steps_done if steps_done else math.nan
     eta = rate * (total - step) if total is not None else math.inf
     if time_left_s is not None:
         eta = min(eta, time_left_s)
@@ -120,6 +127,7 @@ class StepProgress(ProgressBar):
         self._enabled = True
         self._start_step = 0
         self._t0 = self._last_print = 0.0
+        self._ends: deque[float] = deque(maxlen=RECENT_STEPS + 1)  # when the latest steps ended (the first: the start)
 
     def disable(self) -> None:
         self._enabled = False
@@ -130,11 +138,14 @@ class StepProgress(ProgressBar):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start_step = trainer.global_step
         self._t0 = self._last_print = time.monotonic()
+        self._ends.clear()
+        self._ends.append(self._t0)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         if not (self._enabled and trainer.is_global_zero):
             return
         now = time.monotonic()
+        self._ends.append(now)
         step, total = trainer.global_step, trainer.max_steps if trainer.max_steps > 0 else None
         last = total is not None and step >= total
         if not (step == self._start_step + 1 or last or now - self._last_print >= self.interval_s):
@@ -143,5 +154,7 @@ class StepProgress(ProgressBar):
         metrics = trainer.callback_metrics
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)  # set by trainer.max_time
         time_left = timer.time_remaining("train") if timer is not None else None
+        recent = (self._ends[-1] - self._ends[0]) / (len(self._ends) - 1)
         log.info(progress_line(step, total, now - self._t0, step - self._start_step,
-                               float(metrics.get("reward", math.nan)), float(metrics.get("loss", math.nan)), time_left))
+                               float(metrics.get("reward", math.nan)), float(metrics.get("loss", math.nan)), time_left,
+                               rate_s=recent))

@@ -18,6 +18,30 @@ def test_progress_line_under_a_time_budget_takes_the_sooner_end():
     assert progress_line(5, None, 50.0, 5, 0.5, 0.0, time_left_s=30.0).startswith("step 5 |")
 
 
+def test_the_rate_follows_the_recent_steps_so_a_pause_fades_out(caplog, monkeypatch):
+    """10 steps of 2 s, a 300 s pause in step 11, then 10 more of 2 s: the line after the pause
+    shows the pause's step, the line 10 steps later 2 s/step again (the mean since the start: ~16)."""
+    from types import SimpleNamespace
+
+    from jagg_lab.callbacks.progress import StepProgress
+
+    clock = [1000.0]
+    monkeypatch.setattr("jagg_lab.callbacks.progress.time.monotonic", lambda: clock[0])
+    trainer = SimpleNamespace(global_step=0, max_steps=100, is_global_zero=True, callbacks=[],
+                              callback_metrics={"reward": 0.5, "loss": 0.0})
+    bar = StepProgress(interval_s=0)
+    bar.on_train_start(trainer, None)
+    caplog.set_level(logging.INFO)
+    for step in range(1, 22):
+        clock[0] += 302.0 if step == 11 else 2.0
+        trainer.global_step = step
+        bar.on_train_batch_end(trainer, None, None, None, step - 1)
+    rates = [float(r.getMessage().split(" s/step")[0].rsplit("| ", 1)[1]) for r in caplog.records]
+    assert rates[9] == pytest.approx(2.0) and rates[10] == pytest.approx(32.0)  # 10 steps, one of them the pause
+    assert rates[20] == pytest.approx(2.0)  # the pause has left the window
+    assert "ETA 0:02:38" in caplog.records[20].getMessage()  # 79 steps left at 2 s
+
+
 def test_evaluation_progress_counts_samples_and_stops_when_asked(caplog):
     from jagg_lab.callbacks import SampleProgress, count_line
 
