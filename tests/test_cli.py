@@ -111,6 +111,9 @@ def test_train_help_describes_the_run_its_commands_and_where_keys_are_documented
     for text in ("GRPO fine-tuning", "common commands:", "+experiment=jagg_w4", "resume=", "--multirun",
                  "docs/training.md", "conf/train.yaml", "strategy: full, jagg"):
         assert text in shown.stdout
+    # the README's command 1 comes first among the commands
+    commands = shown.stdout.split("common commands:", 1)[1]
+    assert commands.strip().startswith("python -m jagg_lab.train +experiment=awm heldout.final_n_samples=2048")
     for doc in ("docs/training.md", "docs/strategies.md", "conf/train.yaml"):  # what it points to exists
         assert (REPO / doc).is_file()
     assert not any(tmp_path.iterdir())
