@@ -7,7 +7,9 @@ every window W in it, plain JAGG beside `subsample` at equal backward items (2 p
 mean noise span of a window (s_a - s_b of each window of the trained steps, weighted by its steps,
 so leftover windows of 1 or 2 steps, which are exact, pull it down), JAGG's z (about 1 without
 bias), the odd/even cosine of its mean errors, |mean d| / |mean f|, cos(mean g, mean f), and both
-estimators' per-rollout error against the noise `full` carries anyway. Writes `OUT/map.md`,
+estimators' per-rollout error against the noise `full` carries anyway, and JAGG's bias in the same
+unit, sqrt(max(z - 1, 0) / N) x that error (E z = 1 + N |E d|^2 / tr Cov d, so this estimates |E d|
+over the rms noise of f whatever the number of rollouts N; 0 where z <= 1). Writes `OUT/map.md`,
 `OUT/map.json` and `OUT/map.png` (bias and error against window noise span, JAGG against
 subsample); `out` must not exist. A report still being written (fewer rollouts than asked) is
 used as it stands, its rollouts counted in the table.
@@ -15,8 +17,9 @@ used as it stands, its rollouts counted in the table.
 from __future__ import annotations
 
 import json
+import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -37,12 +40,17 @@ class Args:
 
     results: str = "???"  # the directory experiments/bias_map.sh wrote (its *.json reports)
     out: str = "???"  # a new directory for map.md, map.json and map.png
+    extra: list[str] = field(default_factory=list)  # more bench bias reports as COLUMN=FILE, e.g. an earlier run of one setting
 
     def __post_init__(self) -> None:
         if not Path(self.results).is_dir():
             raise ValueError(f"results: {self.results} is not a directory")
         if Path(self.out).exists():
             raise ValueError(f"out: {self.out} already exists; choose a new directory")
+        for entry in self.extra:
+            name, _, path = entry.partition("=")
+            if not name or not Path(path).is_file():
+                raise ValueError(f"extra: {entry!r} is not COLUMN=FILE of an existing report")
 
 
 def window_span(num_steps: int, shift: float, trained: list[int], window: int) -> float:
@@ -51,6 +59,12 @@ def window_span(num_steps: int, shift: float, trained: list[int], window: int) -
     levels = noise_schedule(num_steps, shift).tolist()
     windows = [[trained[i] for i in w] for w in partition_windows(len(trained), window)]
     return sum(len(w) * (levels[w[0]] - levels[w[-1]]) for w in windows) / len(trained)
+
+
+def bias_over_noise(z: float, n: int, rel_error: float) -> float:
+    """|E d| over the rms per-rollout noise of f, from z over n rollouts and the per-rollout error
+    (rms |d| over that noise): E z = 1 + n |E d|^2 / tr Cov d, and tr Cov d <= E |d|^2."""
+    return math.sqrt(max(z - 1.0, 0.0) / n) * rel_error
 
 
 def map_rows(report: dict, column: str) -> list[dict]:
@@ -73,6 +87,7 @@ def map_rows(report: dict, column: str) -> list[dict]:
             "jagg_per_rollout_cosine": jagg["per_rollout_cosine"], "jagg_rel_error": jagg["rel_error"],
             "subsample_z": sub["z"], "subsample_rel_error": sub["rel_error"],
             "subsample_per_rollout_cosine": sub["per_rollout_cosine"], "z_full": jagg["z_full"],
+            "jagg_bias_over_noise": bias_over_noise(jagg["z"], report["rollouts_done"], jagg["rel_error"]),
         })
     return rows
 
@@ -80,6 +95,7 @@ def map_rows(report: dict, column: str) -> list[dict]:
 COLUMNS = [("column", "column", "{}"), ("steps", "steps", "{}"), ("trained_steps", "trained", "{}"),
            ("window", "W", "{}"), ("span", "window noise span", "{:.3f}"), ("rollouts", "rollouts", "{}"),
            ("backward_items", "items (full)", None), ("jagg_z", "JAGG z (no bias ~1)", "{:.2f}"),
+           ("jagg_bias_over_noise", "JAGG bias / noise of f", "{:.3f}"),
            ("jagg_halves_cosine", "cos(odd, even mean d)", "{:.2f}"),
            ("jagg_bias_over_mean_full", "\\|mean d\\| / \\|mean f\\|", "{:.2f}"),
            ("jagg_mean_cosine", "cos(mean g, mean f)", "{:.2f}"),
@@ -98,8 +114,9 @@ def table(rows: list[dict]) -> str:
 
 
 def figure(rows: list[dict], path: Path) -> None:
-    """Left: JAGG's z against the window noise span (subsample's beside it, 1 = no bias);
-    right: the per-rollout error of both against the same span."""
+    """Left: JAGG's bias against the window noise span, in units of f's per-rollout noise
+    (subsample is unbiased by construction: its z is in the table); right: the per-rollout
+    error of both against the same span."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     columns = list(dict.fromkeys(r["column"] for r in rows))
     markers = dict(zip(columns, "osD^v<>p"))
@@ -107,18 +124,16 @@ def figure(rows: list[dict], path: Path) -> None:
         part = sorted((r for r in rows if r["column"] == column), key=lambda r: r["span"])
         span = [r["span"] for r in part]
         label = f"{column} ({part[0]['steps']} steps, {part[0]['trained_steps']} trained)"
-        left.plot(span, [r["jagg_z"] for r in part], marker=markers[column], color="C3", label=f"JAGG, {label}")
-        left.plot(span, [r["subsample_z"] for r in part], marker=markers[column], color="C0", ls=":",
-                  label=f"subsample, {column}")
+        left.plot(span, [r["jagg_bias_over_noise"] for r in part], marker=markers[column], color="C3", label=f"JAGG, {label}")
         right.plot(span, [r["jagg_rel_error"] for r in part], marker=markers[column], color="C3", label=f"JAGG, {column}")
         right.plot(span, [r["subsample_rel_error"] for r in part], marker=markers[column], color="C0", ls=":",
                    label=f"subsample, {column}")
         for r in part:
-            left.annotate(f"W={r['window']}", (r["span"], r["jagg_z"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    left.axhline(1.0, color="grey", lw=0.8)
-    left.set_yscale("log")
-    left.set(xlabel="window noise span (s_a - s_b, mean over trained steps)", ylabel="z = |mean d|^2 / (tr Cov d / N)",
-             title="bias: z (about 1 without bias)")
+            left.annotate(f"W={r['window']}, z={r['jagg_z']:.1f}", (r["span"], r["jagg_bias_over_noise"]), fontsize=7,
+                          xytext=(3, 3), textcoords="offset points")
+    left.axhline(0.0, color="grey", lw=0.8)
+    left.set(xlabel="window noise span (s_a - s_b, mean over trained steps)",
+             ylabel="|E d| / rms noise of full (sqrt((z-1)/N) x error)", title="JAGG's bias (subsample: none)")
     right.set(xlabel="window noise span", ylabel="rms per-rollout error / rms noise of full",
               title="per-rollout error at equal backward items")
     left.legend(fontsize=6)
@@ -129,14 +144,15 @@ def figure(rows: list[dict], path: Path) -> None:
 
 
 def _main(args: Args) -> int:
-    reports = sorted(Path(args.results).glob("*.json"))
-    rows = [row for path in reports for row in map_rows(json.loads(path.read_text()), path.stem)]
+    reports = [(path.stem, path) for path in sorted(Path(args.results).glob("*.json"))]
+    reports += [(name, Path(path)) for name, _, path in (entry.partition("=") for entry in args.extra)]
+    rows = [row for name, path in reports for row in map_rows(json.loads(path.read_text()), name)]
     if not rows:
         sys.stderr.write(f"bias_map: no report in {args.results} holds jagg and subsample rows\n")
         return 2
     out = Path(args.out)
     out.mkdir(parents=True)
-    (out / "map.json").write_text(json.dumps({"results": args.results, "rows": rows}, indent=2) + "\n")
+    (out / "map.json").write_text(json.dumps({"results": args.results, "extra": args.extra, "rows": rows}, indent=2) + "\n")
     (out / "map.md").write_text(table(rows) + "\n")
     figure(rows, out / "map.png")
     sys.stdout.write(table(rows) + "\n")

@@ -39,6 +39,8 @@ SPEED = f"{RESULTS}/speed/speed.json"  # python -m jagg_lab.bench speed
 STEP_TAILS = f"{RESULTS}/step/default_tails.json"  # python -m jagg_lab.bench step, the default experiment's tails
 QUALITY = f"{RESULTS}/quality/quality.md"  # experiments/quality.py
 STEP_DIR = f"{RESULTS}/step"
+BIAS_MAP = f"{RESULTS}/bias_map/map/map.md"  # experiments/bias_map.py over experiments/bias_map.sh's reports
+PAPER_STEP = f"{STEP_DIR}/paper_regime.json"  # python -m jagg_lab.bench step of the paper_* experiments
 
 # where each kind of number is argued (links from the README's table)
 TRAINING_DOC = "docs/results/training.md"
@@ -286,8 +288,28 @@ def step_tails() -> str:
     return "\n".join(lines)
 
 
+# ---- docs/results/paper_regime.md -------------------------------------------------------
+def bias_map() -> str:
+    """experiments/bias_map.py's table as it wrote it."""
+    return "\n".join(line for line in (ROOT / BIAS_MAP).read_text().splitlines() if line.startswith("|"))
+
+
+def paper_step() -> str:
+    """The paper_* experiments' steps, timed side by side: backward items and seconds as shares of paper_full's."""
+    rows = _load(PAPER_STEP)["rows"]
+    ref = next(r for r in rows if r["experiment"] == "paper_full")
+    lines = _header(["experiment", "backward items / step (x `paper_full`)", "gradient-phase s (x `paper_full`)",
+                     "rollout s", "whole-step s (x `paper_full`)"])
+    for r in rows:
+        lines.append(_row([f"`{r['experiment']}`", f"{r['backward_items']:g} ({r['backward_items'] / ref['backward_items']:.2f})",
+                           f"{r['gradient_s']:.2f} ({r['gradient_s'] / ref['gradient_s']:.2f})", f"{r['rollout_s']:.2f}",
+                           f"{r['step_s']:.2f} ({r['step_s'] / ref['step_s']:.2f})"]))
+    return "\n".join(lines)
+
+
 TABLES = {"strategies": strategies, "should_use": should_use, "choice": choice, "equal_time": equal_time, "counting": counting,
-          "quality": quality, "speed": speed, "step_tails": step_tails, "objectives": objectives}
+          "quality": quality, "speed": speed, "step_tails": step_tails, "objectives": objectives,
+          "bias_map": bias_map, "paper_step": paper_step}
 
 
 # ---- files -------------------------------------------------------------------------------

@@ -30,6 +30,14 @@ def test_the_window_span_counts_leftover_windows_by_their_steps(monkeypatch):
     assert bias_map.window_span(10, 3.0, list(range(6)), 2) < bias_map.window_span(10, 1.0, list(range(6)), 2)
 
 
+def test_the_bias_in_units_of_fs_noise_does_not_grow_with_the_rollouts(monkeypatch):
+    bias_map = load_script("bias_map", monkeypatch)
+    # the same bias seen over 16 and 64 rollouts: z - 1 grows 4x, the estimate stays
+    assert bias_map.bias_over_noise(1 + 16 * 0.04, 16, 0.5) == pytest.approx(bias_map.bias_over_noise(1 + 64 * 0.04, 64, 0.5))
+    assert bias_map.bias_over_noise(1 + 64 * 0.04, 64, 0.5) == pytest.approx(0.2 * 0.5)
+    assert bias_map.bias_over_noise(0.9, 32, 0.5) == 0.0  # z below 1: no bias seen
+
+
 def test_rows_pair_jagg_with_subsample_and_the_outputs_are_written_once(monkeypatch, tmp_path, capsys):
     bias_map = load_script("bias_map", monkeypatch)
     rows = bias_map.map_rows(_report(), "steps10")
@@ -39,10 +47,15 @@ def test_rows_pair_jagg_with_subsample_and_the_outputs_are_written_once(monkeypa
     (results / "steps10.json").write_text(json.dumps(_report()))
     (results / "steps20.json").write_text(json.dumps(_report(20, 12, (3, 5))))
     out = tmp_path / "map"
-    assert bias_map.main([f"results={results}", f"out={out}"]) == 0
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(_report(40, 24, (8,))))
+    assert bias_map.main([f"results={results}", f"out={out}", f"extra=[steps40={earlier}]"]) == 0
     written = json.loads((out / "map.json").read_text())["rows"]
-    assert [(r["column"], r["window"]) for r in written] == [("steps10", 4), ("steps10", 6), ("steps20", 3), ("steps20", 5)]
+    assert [(r["column"], r["window"]) for r in written] == [("steps10", 4), ("steps10", 6), ("steps20", 3), ("steps20", 5),
+                                                             ("steps40", 8)]
     assert (out / "map.png").stat().st_size > 1000 and "| steps20 | 20 | 12 | 5 |" in (out / "map.md").read_text()
     capsys.readouterr()
     assert bias_map.main([f"results={results}", f"out={out}"]) == 2  # never overwritten
     assert "already exists" in capsys.readouterr().err
+    assert bias_map.main([f"results={results}", f"out={tmp_path / 'other'}", "extra=[nofile]"]) == 2
+    assert "extra" in capsys.readouterr().err
