@@ -111,7 +111,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     strategy = _instantiate(cfg, "strategy")
     objective = _instantiate(cfg, "objective") if cfg.get("objective") else TrajectoryGRPO()
     if isinstance(objective, ForwardObjective):
-        problems = trajectory_settings_used(cfg, objective.name)
+        problems = trajectory_settings_used(cfg, objective.name) + objective.check_settings(cfg)
         if problems:
             raise ConfigError("; ".join(problems))
         log.info("objective=%s samples by ODE: sampler.noise_level and sampler.log_prob_reduction are not used",

@@ -17,6 +17,8 @@ are stratified over the rollout grid's indices: K strata of [first, int(T * max_
 """
 from __future__ import annotations
 
+import logging
+
 from dataclasses import replace
 from typing import Sequence
 
@@ -30,6 +32,8 @@ from jagg_lab.objectives.forward import (
 )
 
 __all__ = ["AWM", "WEIGHTINGS", "awm_log_prob", "stratified_indices"]
+
+log = logging.getLogger(__name__)
 
 WEIGHTINGS = ("uniform", "t", "ghuber")
 
@@ -65,8 +69,10 @@ class AWM(ForwardObjective):
     indices they are drawn from (see the module docstring). weighting, ghuber_power: the
     surrogate log-likelihood. clip_range: the ratio's clip (acts only on off-policy steps,
     grpo.optimizer_steps_per_rollout > 1). kl_weight, ema_weight, ema_rate, ema_cap: the
-    regularisers. solver: the rollouts' ODE solver. Published (GenEval): K 6, 0.9, without s = 1,
-    ghuber 0.25, clip 1, kl 0.001, ema 1 at min(0.3, 0.001 step)."""
+    regularisers; as in the authors' code, the EMA term is applied only beside a KL term (it sits
+    inside their `if beta > 0`): with kl_weight 0 it is off whatever ema_weight says (logged).
+    solver: the rollouts' ODE solver. Published (GenEval): K 6, 0.9, without s = 1, ghuber 0.25,
+    clip 1, kl 0.001, ema 1 at min(0.3, 0.001 step)."""
 
     name = "awm"
 
@@ -88,6 +94,10 @@ class AWM(ForwardObjective):
             raise ValueError(f"objective.ema_weight must be >= 0, got {ema_weight}")
         self.k, self.max_fraction, self.first = timesteps_per_sample, max_fraction, 0 if include_first else 1
         self.weighting, self.power, self.clip_range = weighting, ghuber_power, clip_range
+        if ema_weight > 0 and kl_weight == 0:
+            log.info("objective.ema_weight = %g is not used: AWM applies its EMA term only with a KL term "
+                     "(objective.kl_weight > 0), as its authors' code does", ema_weight)
+            ema_weight = 0.0
         self.ema_weight, self.ema_rate, self.ema_cap = ema_weight, ema_rate, ema_cap
         self.ema: SoftCopy | None = None
 

@@ -159,6 +159,10 @@ class ForwardObjective(ABC):
         self.guidance = 1.0
 
     # ---- set-up ----------------------------------------------------------------------
+    def check_settings(self, cfg) -> list[str]:
+        """Why the training config asks this objective for what it cannot do, one line each (none by default)."""
+        return []
+
     def attach(self, policy: nn.Module, params: Sequence[nn.Parameter], guidance: float, ref_policy=None) -> None:
         """Bind to the run's policy: its trainable parameters, the CFG scale, the KL reference."""
         self.guidance = guidance

@@ -75,6 +75,15 @@ class DiffusionNFT(ForwardObjective):
         self.decay_flat, self.decay_rate, self.decay_cap = decay_flat, decay_rate, decay_cap
         self.old: SoftCopy | None = None
 
+
+    def check_settings(self, cfg) -> list[str]:
+        """The authors' code multiplies the policy loss by its advantage clip (`adv_clip_max`); here
+        loss_scale is that factor, so a clip set apart from it would change the loss silently."""
+        clip = cfg.get("grpo", {}).get("adv_clip_max", self.loss_scale)
+        if clip != self.loss_scale:
+            return [f"objective.loss_scale={self.loss_scale:g} and grpo.adv_clip_max={clip:g} differ: DiffusionNFT scales "
+                    "its policy loss by its advantage clip; set both to the same value"]
+        return []
     def attach(self, policy, params, guidance, ref_policy=None) -> None:
         super().attach(policy, params, guidance, ref_policy)
         self.old = SoftCopy(params)

@@ -271,3 +271,23 @@ def test_soft_copy_follows_the_weights_to_their_dtype_and_device():
         pass
     copy.update(params, 0.5)
     assert all(t.dtype == torch.float64 for t in copy.tensors)
+
+
+def test_awm_applies_its_ema_term_only_beside_a_kl_term_as_its_authors_do():
+    policy, params, samples = setup(AWM(kl_weight=0.0, ema_weight=1.0), steps=10)
+    awm = AWM(kl_weight=0.0, ema_weight=1.0)
+    awm.attach(policy, params, 1.0)
+    assert awm.ema_weight == 0.0 and awm.ema is None and awm.state_dict() == {}
+    with_kl = AWM(kl_weight=0.001, ema_weight=1.0)
+    with_kl.attach(policy, params, 1.0)
+    assert with_kl.ema is not None
+
+
+def test_nft_refuses_an_advantage_clip_apart_from_its_loss_scale_naming_both_keys(hydra_cfg, tmp_path):
+    from jagg_lab.rundir import ConfigError
+    from jagg_lab.train import build
+
+    with pytest.raises(ConfigError, match=r"objective.loss_scale=5 and grpo.adv_clip_max=2 differ"):
+        build(hydra_cfg(["objective=nft", "grpo.adv_clip_max=2", "policy=dit_xs"]), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    build(hydra_cfg(["objective=nft", "grpo.adv_clip_max=2", "objective.loss_scale=2", "policy=dit_xs"]), tmp_path / "ok")
