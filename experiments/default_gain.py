@@ -30,14 +30,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
 from jagg_lab.checkpointing import load_checkpoint
 from jagg_lab.evaluate import EvalArgs
 from jagg_lab.evaluation import paired_gain
-from jagg_lab.evaluation.runs import join_steps
+from jagg_lab.evaluation.arms import gradient_phase, run_metrics, run_parts  # noqa: F401  (run_metrics: tests read it here)
 from jagg_lab.rundir import run_summary, unfinished_run
 
 
@@ -95,43 +94,6 @@ def reused_base(args: Args, key: str = "base_eval") -> dict:
     if got != {"checkpoint": "shipped", "n_samples": n, "seed": seed}:
         raise SystemExit(f"{key}: {path} scored {got}, not the shipped base on {n_key}={n}, {seed_key}={seed}")
     return base
-
-
-def run_parts(run_dir: Path) -> list[Path]:
-    """A run's directory, then those its resumptions wrote (RUN_DIR_resumed1, ...), in order."""
-    parts = [run_dir]
-    while (part := run_dir.with_name(f"{run_dir.name}_resumed{len(parts)}")).exists():
-        parts.append(part)
-    return parts
-
-
-COST_COLUMNS = ("step", "time_gradient_s", "backward_items")
-
-
-def run_metrics(parts: list[Path]) -> pd.DataFrame:
-    """The metrics.csv of a run's parts as one table, each part cut where the next begins
-    (`jagg_lab.evaluation.runs.join_steps`; a part killed before its first step has none, or an
-    empty one). ValueError naming a file without the columns the cost needs."""
-    frames = []
-    for part in parts:
-        path = part / "metrics.csv"
-        try:
-            frame = pd.read_csv(path)
-        except (FileNotFoundError, pd.errors.EmptyDataError):
-            frame = None
-        if frame is not None and not set(COST_COLUMNS) <= set(frame.columns):
-            raise ValueError(f"{path}: no {', '.join(sorted(set(COST_COLUMNS) - set(frame.columns)))} column")
-        frames.append(frame)
-    joined = join_steps(frames)
-    return joined if joined is not None else pd.DataFrame(columns=list(COST_COLUMNS))
-
-
-def gradient_phase(run_dir: Path, parts: list[Path] | None = None) -> dict:
-    """Steps, summed gradient-phase seconds and mean backward items per step of a run's metrics
-    (those of its resumptions included: `parts`, or the RUN_DIR_resumedK beside it)."""
-    metrics = run_metrics(parts or run_parts(run_dir))
-    return {"steps": len(metrics), "gradient_s": float(metrics["time_gradient_s"].sum()),
-            "backward_items": float(metrics["backward_items"].mean()) if len(metrics) else 0.0}
 
 
 def arms(args: Args) -> list[tuple[str, str, list[str]]]:

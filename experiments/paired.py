@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jagg_lab import cli
 from jagg_lab.evaluation import paired_gain
+from jagg_lab.evaluation.arms import load_evaluation as load
 
 
 @dataclass
@@ -28,24 +29,6 @@ class Args:
     reference: str = "???"  # the evaluation the others are compared with (e.g. the base policy's)
     evaluations: list[str] = field(default_factory=list)  # evaluations of the same prompts and noise
     out: str | None = None  # JSON file for the rows (never overwritten)
-
-
-def load(path: str, verdict: bool = True) -> dict:
-    """An evaluation with per-sample scores. verdict: a training run's heldout_final.json stands for
-    the evaluation of the policy it graded (the last, or the best under heldout.restore_best); a
-    reference or base must be an evaluation itself (verdict=False), since that file also holds the
-    base's scores and would otherwise compare the trained policy with itself."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no evaluation at {path} (write one with python -m jagg_lab.evaluate ... out={path})")
-    result = json.loads(Path(path).read_text())
-    if "per_sample" not in result and "per_sample" in result.get("final", {}):
-        if not verdict:
-            raise ValueError(f"{path} is a training run's verdict (heldout_final.json), not an evaluation of one "
-                             "policy; pass the base's evaluation as the reference")
-        result = result["final"]
-    if "per_sample" not in result:
-        raise ValueError(f"{path} holds no per-sample scores; evaluate it again with the current jagg_lab.evaluate")
-    return result
 
 
 def mean_evaluation(results: list[dict]) -> dict:

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import glob
 import json
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jagg_lab import cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired import load  # noqa: E402
-from strategy_choice import _pairs, _spread  # noqa: E402
+from jagg_lab.evaluation.arms import load_evaluation as load, mean_std, named_pairs
 
 
 @dataclass
@@ -35,7 +32,7 @@ def per_category(args: Args) -> dict:
     if args.out and Path(args.out).exists():
         raise FileExistsError(f"out={args.out} already exists; choose another path")
     patterns: dict[str, list[str]] = {}
-    for name, pattern in _pairs(args.finals, "finals"):
+    for name, pattern in named_pairs(args.finals, "finals"):
         patterns.setdefault(name, []).append(pattern)
     if not patterns:
         raise ValueError("finals is empty: pass \"finals=[NAME=GLOB,...]\"")
@@ -56,7 +53,7 @@ def per_category(args: Args) -> dict:
             row = {}
             for metric in ("strict_accuracy", "dense_score"):
                 gains = [r["per_category"][category][metric] - scores[metric] for r in results]
-                row[metric] = dict(zip(("mean", "std"), _spread(gains)), seeds=len(gains))
+                row[metric] = dict(zip(("mean", "std"), mean_std(gains)), seeds=len(gains))
             report["arms"][name]["per_category"][category] = row
     return report
 

@@ -53,10 +53,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only: runs headless
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from default_gain import gradient_phase  # noqa: E402  (experiments/ is this script's directory)
-from paired import load as load_evaluation  # noqa: E402
 from jagg_lab import cli  # noqa: E402
 from jagg_lab.evaluation import eval_categories, paired_gain  # noqa: E402
+from jagg_lab.evaluation.arms import gradient_phase, load_evaluation, mean_std, named_pairs  # noqa: E402
 from hydra.utils import get_class  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -84,23 +83,12 @@ class Args:
 CLOCKS = {"gradient": ("bench arms", "gradient_s", "gradient-phase"), "step": ("bench step", "step_s", "whole-step")}
 
 
-def _pairs(entries: list[str], key: str) -> list[tuple[str, str]]:
-    bad = [e for e in entries if "=" not in e]
-    if bad:
-        raise ValueError(f"{key}: entries must read NAME=VALUE, got {bad}")
-    return [tuple(e.split("=", 1)) for e in entries]
-
-
-def _spread(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
-
-
 def choose(args: Args) -> None:
     out = Path(args.out)
     finals: dict[str, list[str]] = {}  # an arm named twice gathers the runs of both patterns
-    for name, pattern in _pairs(args.finals, "finals"):
+    for name, pattern in named_pairs(args.finals, "finals"):
         finals.setdefault(name, []).append(pattern)
-    items = {k: float(v) for k, v in _pairs(args.items, "items")}
+    items = {k: float(v) for k, v in named_pairs(args.items, "items")}
     if args.reference not in finals:
         raise ValueError(f"reference: {args.reference!r} is not one of the finals {sorted(finals)}")
     files = {name: sorted({p for pattern in patterns for p in glob.glob(pattern)}) for name, patterns in finals.items()}
@@ -154,7 +142,7 @@ def choose(args: Args) -> None:
     for name, paths in files.items():
         runs = [{"evaluation": p, **{k: v for k, v in paired_gain(load(p), base).items()
                                       if k != "per_category"}} for p in paths]
-        (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in runs]), _spread([r["dense_gain"] for r in runs])
+        (sm, ss), (dm, ds) = mean_std([r["strict_gain"] for r in runs]), mean_std([r["dense_gain"] for r in runs])
         arms.append({"arm": name, "seeds": len(runs), "items_per_step": items.get(name),
                      f"{unit}_per_step": seconds.get(name), "timed_in": timed_in.get(name), "strict_gain_mean": sm,
                      "strict_gain_std": ss, "dense_gain_mean": dm, "dense_gain_std": ds, "runs": runs})
@@ -179,7 +167,7 @@ def choose(args: Args) -> None:
     curve_rows = []
     for (name, steps), by_seed in sorted(curve.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         rows = list(by_seed.values())
-        (sm, ss), (dm, ds) = _spread([r["strict_gain"] for r in rows]), _spread([r["dense_gain"] for r in rows])
+        (sm, ss), (dm, ds) = mean_std([r["strict_gain"] for r in rows]), mean_std([r["dense_gain"] for r in rows])
         per_step = items.get(name)
         curve_rows.append({"arm": name, "steps": steps, "seeds": len(rows), "items": per_step * steps if per_step else None,
                            unit: seconds[name] * steps if name in seconds else None,
