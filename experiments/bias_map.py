@@ -8,8 +8,9 @@ mean noise span of a window (s_a - s_b of each window of the trained steps, weig
 so leftover windows of 1 or 2 steps, which are exact, pull it down), JAGG's z (about 1 without
 bias), the odd/even cosine of its mean errors, |mean d| / |mean f|, cos(mean g, mean f), and both
 estimators' per-rollout error against the noise `full` carries anyway, and JAGG's bias in the same
-unit, sqrt(max(z - 1, 0) / N) x that error (E z = 1 + N |E d|^2 / tr Cov d, so this estimates |E d|
-over the rms noise of f whatever the number of rollouts N; 0 where z <= 1). Writes `OUT/map.md`,
+unit, sqrt(max(z - 1, 0) / (N + z - 1)) x that error (E z = 1 + N |E d|^2 / tr Cov d and the error
+is rms |d| with |d|^2 = |E d|^2 + tr Cov d on average, so this estimates |E d| over the rms noise of
+f whatever the number of rollouts N; 0 where z <= 1). Writes `OUT/map.md`,
 `OUT/map.json` and `OUT/map.png` (bias and error against window noise span, JAGG against
 subsample); `out` must not exist. A report still being written (fewer rollouts than asked) is
 used as it stands, its rollouts counted in the table.
@@ -63,8 +64,9 @@ def window_span(num_steps: int, shift: float, trained: list[int], window: int) -
 
 def bias_over_noise(z: float, n: int, rel_error: float) -> float:
     """|E d| over the rms per-rollout noise of f, from z over n rollouts and the per-rollout error
-    (rms |d| over that noise): E z = 1 + n |E d|^2 / tr Cov d, and tr Cov d <= E |d|^2."""
-    return math.sqrt(max(z - 1.0, 0.0) / n) * rel_error
+    (rms |d| over that noise): with T = tr Cov d, z - 1 ~ n |E d|^2 / T and E |d|^2 = |E d|^2 + T,
+    so |E d|^2 = (z - 1) / (n + z - 1) E |d|^2."""
+    return math.sqrt(max(z - 1.0, 0.0) / (n + z - 1.0)) * rel_error
 
 
 def map_rows(report: dict, column: str) -> list[dict]:
@@ -133,7 +135,7 @@ def figure(rows: list[dict], path: Path) -> None:
                           xytext=(3, 3), textcoords="offset points")
     left.axhline(0.0, color="grey", lw=0.8)
     left.set(xlabel="window noise span (s_a - s_b, mean over trained steps)",
-             ylabel="|E d| / rms noise of full (sqrt((z-1)/N) x error)", title="JAGG's bias (subsample: none)")
+             ylabel="|E d| / rms noise of full", title="JAGG's bias (subsample: none)")
     right.set(xlabel="window noise span", ylabel="rms per-rollout error / rms noise of full",
               title="per-rollout error at equal backward items")
     left.legend(fontsize=6)

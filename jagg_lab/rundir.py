@@ -71,6 +71,8 @@ def disk_full_message(run_dir: Path, err: BaseException, overrides: list[str], v
         return f"{said}; no checkpoint was written yet: free space and start again"
     if verdict is not None:
         settings = " ".join(f"{k}={verdict[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size"))
+        if verdict.get("categories"):
+            settings += " " + shlex.quote("categories=[" + ",".join(verdict["categories"]) + "]")
         return (f"{said} after training had finished; {last} holds the trained policy: free space, then grade it with: "
                 f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(last))} {settings} base={shlex.quote(str(last))}")
     kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
@@ -97,14 +99,16 @@ class _MetricsWriter(ExperimentWriter):
 
     def save(self) -> None:
         path = Path(self.metrics_file_path)
-        size = path.stat().st_size if path.is_file() else None
+        # the rows so far: a new column makes Lightning rewrite the whole file before appending
+        before = path.read_bytes() if path.is_file() else None
         try:
             super().save()
         except OSError:
-            if size is None:
+            if before is None:
                 path.unlink(missing_ok=True)
-            elif path.is_file() and path.stat().st_size > size:
-                os.truncate(path, size)
+            else:  # the space the failed write took is freed first, so the old bytes fit again
+                os.truncate(path, 0)
+                path.write_bytes(before)
             raise
 
     def _record_new_keys(self) -> set[str]:

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-__all__ = ["STOPPING", "job_status", "sweep_stopping", "stop_on_signal", "report_jobs"]
+__all__ = ["STOPPING", "job_status", "sweep_stopping", "mark_sweep_stopping", "stopping_signal", "in_local_sweep",
+           "idle_worker_ignores_signals", "stop_on_signal", "report_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,53 @@ def sweep_stopping(run_dir: Path) -> bool:
     return (Path(run_dir).parent / STOPPING).is_file()
 
 
-def job_status(run_dir: Path) -> str:
-    """One line on a sweep job: finished, stopped with the command that goes on, or never started."""
+def mark_sweep_stopping(run_dir: Path, signum: int) -> None:
+    """A job of the local sweep stopped by `signum`: no further job of the sweep starts. A job run
+    in the sweep's own process (n_jobs=1) meets the signal first, in its own handler."""
+    marker = Path(run_dir).parent / STOPPING
+    if not marker.is_file():
+        marker.write_text(f"{signum}\n")
+
+
+def stopping_signal(sweep_dir: Path) -> int | None:
+    """The signal that stopped the sweep (its marker's), or None."""
+    marker = Path(sweep_dir) / STOPPING
+    if not marker.is_file():
+        return None
+    text = marker.read_text().strip()
+    return int(text) if text.isdigit() else signal.SIGINT
+
+
+def in_local_sweep() -> bool:
+    """Whether this job was launched by the local sweep launcher (any n_jobs)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return False
+    hydra_cfg = HydraConfig.get()
+    return hydra_cfg.mode == RunMode.MULTIRUN and str(hydra_cfg.launcher.get("_target_", "")).endswith("jagg_lab_launcher.LocalLauncher")
+
+
+def _swallow(signum, frame) -> None:
+    """Outside training, a sweep's worker lets the terminal's signal pass: the sweep's process took it."""
+
+
+def idle_worker_ignores_signals() -> None:
+    """In a sweep's worker process, outside training (between jobs, while a job is being built):
+    the terminal's Ctrl-C or hangup must not kill the worker (its death breaks the pool, and joblib
+    then kills the jobs still stopping). A handler that does nothing, not SIG_IGN, so that training
+    (`SafeStop`) still takes the signals; a SIGHUP already ignored (nohup) stays ignored."""
+    for sig in (signal.SIGINT, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _swallow)
+
+
+def job_status(run_dir: Path, error: BaseException | None = None) -> str:
+    """One line on a sweep job: finished, stopped with the command that goes on, failed (`error`,
+    what the job raised), or never started."""
+    if error is not None:
+        return f"{run_dir}: failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     summary_file = Path(run_dir) / "summary.json"
     if not summary_file.is_file():
         if (Path(run_dir) / "metrics.csv").is_file():
@@ -61,23 +107,28 @@ def stop_on_signal(sweep_dir: Path) -> Iterator[list[int]]:
             raise KeyboardInterrupt  # the second Ctrl-C: quit now
         if not stopped:
             stopped.append(signum)
-            (sweep_dir / STOPPING).touch()
+            (sweep_dir / STOPPING).write_text(f"{signum}\n")
             log.warning("%s: the running jobs finish their step and stop; no further job starts "
                         "(Ctrl-C again to quit at once)", signal.Signals(signum).name)
 
     watched = [signal.SIGINT, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
-    previous = {sig: signal.signal(sig, stop) for sig in watched}
+    # an ignored signal stays ignored (a sweep under nohup outlives its terminal)
+    previous = {sig: signal.signal(sig, stop) for sig in watched if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield stopped
+        if not stopped and stopping_signal(sweep_dir) is not None:  # a job in this process met the signal first
+            stopped.append(stopping_signal(sweep_dir))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         (sweep_dir / STOPPING).unlink(missing_ok=True)
 
 
-def report_jobs(sweep_dir: Path, run_dirs: Sequence[Path]) -> list[str]:
-    """One line per job (`job_status`), logged and written to SWEEP_DIR/jobs.txt."""
-    lines = [job_status(run_dir) for run_dir in run_dirs]
+def report_jobs(sweep_dir: Path, run_dirs: Sequence[Path], errors: Sequence[BaseException | None] | None = None) -> list[str]:
+    """One line per job (`job_status`; `errors`: what each job raised, None if nothing), logged and
+    written to SWEEP_DIR/jobs.txt."""
+    errors = errors or [None] * len(run_dirs)
+    lines = [job_status(run_dir, error) for run_dir, error in zip(run_dirs, errors)]
     (sweep_dir / "jobs.txt").write_text("\n".join(lines) + "\n")
     for line in lines:
         log.info("sweep job %s", line)

@@ -34,11 +34,12 @@ from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, q
 from jagg_lab.callbacks.interrupt import parent_ended
 from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint, recover_published, remove_leftover_writes
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
+from jagg_lab.grpo import GRPOObjective
 from jagg_lab.module import GRPOModule
 from jagg_lab.objectives import ForwardObjective, TrajectoryGRPO, trajectory_settings_used
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, disk_full, disk_full_message, remove_run_outputs, run_logger
 from jagg_lab.sharding import read_sharded_checkpoint
-from jagg_lab.sweeps import sweep_stopping
+from jagg_lab.sweeps import idle_worker_ignores_signals, in_local_sweep, mark_sweep_stopping, sweep_stopping
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,11 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     grpo = _instantiate(cfg, "grpo")
     strategy = _instantiate(cfg, "strategy")
     objective = _instantiate(cfg, "objective") if cfg.get("objective") else TrajectoryGRPO()
+    if not isinstance(objective, ForwardObjective):  # drawn blocks need a strategy that keeps to them
+        try:
+            GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance).check_strategy(strategy)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
     if isinstance(objective, ForwardObjective):
         problems = trajectory_settings_used(cfg, objective.name) + objective.check_settings(cfg)
         if problems:
@@ -191,6 +197,8 @@ def main(cfg: DictConfig) -> None:
         if owner:
             remove_run_outputs(run_dir, keep=earlier)
         leave_orphaned_worker(128 + signal.SIGTERM)
+    if multiprocessing.parent_process() is not None:
+        idle_worker_ignores_signals()  # a sweep's worker: until training takes them, the sweep's process has the signals
     if sweep_stopping(run_dir):  # a sweep told to stop (Ctrl-C): its further jobs start nothing
         log.warning("the sweep is stopping: not starting %s", run_dir)
         if owner:
@@ -204,6 +212,11 @@ def main(cfg: DictConfig) -> None:
         if not isinstance(err, (ConfigError, FileNotFoundError)):
             raise
         sys.exit(f"jagg_lab.train: invalid configuration: {err}")
+    if sweep_stopping(run_dir):  # the sweep was told to stop while this job was being built
+        log.warning("the sweep is stopping: not training %s", run_dir)
+        if owner:
+            remove_run_outputs(run_dir, keep=earlier)
+        return
     if owner:
         handler = logging.FileHandler(run_dir / "train.log")
         handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
@@ -228,9 +241,11 @@ def main(cfg: DictConfig) -> None:
         summary.report(trainer, heldout, list(HydraConfig.get().overrides.task), interrupted, trained=stop.after_training)
     if stop.orphaned:  # a sweep's worker whose sweep was killed: end the process, not just the job
         leave_orphaned_worker(128 + (stop.signal or signal.SIGTERM))
-    if interrupted and multiprocessing.parent_process() is None:
+    if interrupted and in_local_sweep():  # the sweep collects every job: mark it stopping and return,
+        mark_sweep_stopping(run_dir, stop.signal)  # an exit would end it, killing jobs still stopping
+        return
+    if interrupted:
         sys.exit(128 + stop.signal)  # the shell's convention for a process ended by a signal
-    # (a sweep's job returns instead: an exit would end the whole sweep, killing jobs still stopping)
 
 
 if __name__ == "__main__":

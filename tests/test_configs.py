@@ -109,6 +109,11 @@ BAD = [
     ("objective=awm objective.weighting=cubic", "objective.weighting"),
     ("objective=nft objective.solver=rk4", "objective.solver"),
     ("objective=nft trainer=fsdp_cpu", "trainer=fsdp: objective=nft"),
+    ("objective=awm grpo.block_size=5", "grpo.block_size=5: not used by objective=awm"),
+    # drawn blocks (the JAGG authors' regime) and a strategy whose windows would straddle them
+    ("+experiment=paper_jagg_w5 strategy.window=4", "strategy.window = 4, which does not divide it"),
+    ("+experiment=paper_full strategy=jagg_knots", "links steps across blocks"),
+    ("grpo.block_fraction=0.5", "set grpo.block_size too"),
 ]
 
 

@@ -235,22 +235,25 @@ def test_killing_a_local_sweep_stops_every_job_cleanly_and_leaves_no_worker(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["INT", "HUP"])
-def test_ctrl_c_or_a_hangup_of_a_local_sweep_stops_every_job_cleanly_and_says_what_each_left(tmp_path, name):
+@pytest.mark.parametrize("name, n_jobs", [("INT", 2), ("HUP", 2), ("INT", 1)])
+def test_ctrl_c_or_a_hangup_of_a_local_sweep_stops_every_job_cleanly_and_says_what_each_left(tmp_path, name, n_jobs):
     """The terminal's Ctrl-C (SIGINT to the sweep's whole process group) or its hangup: the running
-    jobs finish their step and write last.ckpt and a summary, the queued job never starts, the sweep
-    waits for them (joblib would kill them mid-step), lists every job in jobs.txt and exits 128 + signal."""
+    jobs finish their step and write last.ckpt and a summary, the queued jobs never start, the sweep
+    waits for them (joblib would kill them mid-step), lists every job in jobs.txt and exits 128 + signal.
+    With n_jobs=1 the job runs in the sweep's own process and meets the signal first."""
     psutil = pytest.importorskip("psutil")
     signum = getattr(signal, f"SIG{name}")
     sweep = tmp_path / "sweep"
+    running = [str(j) for j in range(n_jobs)]
     parent = subprocess.Popen([sys.executable, "-m", "jagg_lab.train", "--multirun", "hydra/launcher=local", *SMALL,
+                               f"hydra.launcher.n_jobs={n_jobs}",
                                "seed=0,1,2", "trainer.max_steps=100000", f"hydra.sweep.dir={sweep}"],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)  # its own process group, as a terminal gives it
     try:
         deadline = time.monotonic() + 300
-        while not all((sweep / job / "metrics.csv").is_file() for job in ("0", "1")):  # both workers are training
-            assert parent.poll() is None and time.monotonic() < deadline, "the sweep did not start both jobs"
+        while not all((sweep / job / "metrics.csv").is_file() for job in running):  # every worker is training
+            assert parent.poll() is None and time.monotonic() < deadline, "the sweep did not start its jobs"
             time.sleep(0.5)
         workers = psutil.Process(parent.pid).children(recursive=True)
         os.killpg(parent.pid, signum)
@@ -262,8 +265,8 @@ def test_ctrl_c_or_a_hangup_of_a_local_sweep_stops_every_job_cleanly_and_says_wh
             os.killpg(parent.pid, signal.SIGKILL)
     assert parent.returncode == 128 + signum, err[-3000:]
     lines = (sweep / "jobs.txt").read_text().splitlines()
-    assert len(lines) == 3 and lines[2] == f"{sweep / '2'}: never started", lines
-    for job, line in zip(("0", "1"), lines):
+    assert len(lines) == 3 and lines[n_jobs:] == [f"{sweep / str(j)}: never started" for j in range(n_jobs, 3)], lines
+    for job, line in zip(running, lines):
         run = sweep / job
         summary = json.loads((run / "summary.json").read_text())
         assert summary["interrupted"] == f"SIG{name}" and (run / "policy.safetensors").is_file()

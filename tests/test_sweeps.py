@@ -32,3 +32,31 @@ def test_the_first_signal_marks_the_sweep_stopping_and_the_mark_goes_with_the_sw
         signal.raise_signal(signal.SIGHUP)  # a second hangup changes nothing
         assert stopped == [signal.SIGHUP]
     assert not (tmp_path / STOPPING).exists() and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+
+
+def test_a_failed_job_says_why_and_a_job_of_the_sweeps_own_process_marks_it_stopping(tmp_path):
+    from jagg_lab.sweeps import mark_sweep_stopping, stopping_signal
+
+    assert report_jobs(tmp_path, [tmp_path / "0"], [ValueError("grpo.block_size: bad\nmore")]) == [
+        f"{tmp_path / '0'}: failed: ValueError: grpo.block_size: bad"]
+    with stop_on_signal(tmp_path) as stopped:  # n_jobs=1: the job's own handler met Ctrl-C, not the sweep's
+        mark_sweep_stopping(tmp_path / "0", signal.SIGINT)
+        assert sweep_stopping(tmp_path / "1") and stopping_signal(tmp_path) == signal.SIGINT
+    assert stopped == [signal.SIGINT] and not (tmp_path / STOPPING).exists()
+
+
+def test_an_ignored_hangup_stays_ignored_for_the_sweep_and_its_idle_workers(tmp_path):
+    from jagg_lab.sweeps import idle_worker_ignores_signals
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+    try:
+        with stop_on_signal(tmp_path):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        idle_worker_ignores_signals()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        idle_worker_ignores_signals()  # a worker between jobs: the signal passes, the worker lives
+        signal.raise_signal(signal.SIGHUP)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

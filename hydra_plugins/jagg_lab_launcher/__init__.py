@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from hydra.core.utils import JobStatus
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
 from jagg_lab.sweeps import report_jobs, stop_on_signal
@@ -23,7 +24,8 @@ class LocalLauncher(JoblibLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with stop_on_signal(sweep_dir) as stopped:
             runs = super().launch(job_overrides, initial_job_idx)
-        report_jobs(sweep_dir, [Path(run.hydra_cfg.hydra.runtime.output_dir) for run in runs])
+        report_jobs(sweep_dir, [Path(run.hydra_cfg.hydra.runtime.output_dir) for run in runs],
+                    [run.return_value if run.status == JobStatus.FAILED else None for run in runs])
         if stopped:
             sys.exit(128 + stopped[0])  # the shell's convention: the sweep was ended by a signal
         return runs

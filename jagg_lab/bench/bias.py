@@ -214,6 +214,8 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
                               for t in (args.routed_thresholds if name == "jagg_routed" else [None])))
     estimators = {(name, w, t, p): ESTIMATORS[name](w, args.seed) if t is None else ESTIMATORS[name](w, args.seed, t)
                   for name, w, t, p in keys}
+    for estimator in estimators.values():  # drawn blocks (grpo.block_fraction < 1): windows must keep to them
+        module.objective.check_strategy(estimator)
     reference = ("full", 1, None, "32-true")
     sums = {key: ErrorSums() for key in estimators}
     detail_windows = sorted({key[1] for key in estimators if key[0] == "jagg"}) if args.window_detail else []
@@ -304,6 +306,13 @@ def _main(args: BiasArgs) -> int:
     except ValueError as err:
         sys.stderr.write(f"bias: {err}\n")
         return 2
+    for name, pinned, _ in map(parse_entry, args.strategies):  # drawn blocks: every window must keep to them
+        for w in [pinned] if pinned else args.windows:
+            try:
+                setting[1].objective.check_strategy(ESTIMATORS[name](w, args.seed))
+            except ValueError as err:
+                sys.stderr.write(f"bias: {name}:{w}: {err}\n")
+                return 2
     report = bench_bias(args, progress=lambda line: sys.stderr.write(line + "\n"), setting=setting,
                         partial=(lambda r: write_json(r, args.out)) if args.out else None)
     if args.out:

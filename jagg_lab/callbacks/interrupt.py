@@ -105,7 +105,9 @@ class SafeStop(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in _SIGNALS}
+        # an ignored SIGHUP stays ignored: `nohup python -m jagg_lab.train ...` must outlive its terminal
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in _SIGNALS
+                          if not (sig == getattr(signal, "SIGHUP", None) and signal.getsignal(sig) is signal.SIG_IGN)}
         if self.stop_with_parent and multiprocessing.parent_process() is not None and self._watcher is None:
             done = threading.Event()
             thread = threading.Thread(target=self._watch_parent, args=(done,), name="SafeStop-parent", daemon=True)

@@ -111,6 +111,8 @@ _TRAJECTORY_SETTINGS = {
     "grpo.train_fraction": (0.6, "it trains no sampling step"),
     "grpo.train_steps": (None, "it trains no sampling step"),
     "grpo.window_size": (None, "it trains no sampling step"),
+    "grpo.block_size": (None, "it trains no sampling step"),
+    "grpo.block_fraction": (1.0, "it trains no sampling step"),
     "sampler.tail_solver": (None, "its rollouts are ODE throughout"),
     "sampler.head_solver": (None, "its rollouts are ODE throughout"),
     "sampler.group_noise": (False, "an ODE rollout from one noise gives every sample of a group the same image, "
