@@ -146,7 +146,9 @@ def figure(rows: list[dict], path: Path) -> None:
 
 
 def _main(args: Args) -> int:
-    reports = [(path.stem, path) for path in sorted(Path(args.results).glob("*.json"))]
+    # a window_detail report repeats another column's rollouts (same seed) per window: rendered apart
+    reports = [(path.stem, path) for path in sorted(Path(args.results).glob("*.json"))
+               if not json.loads(path.read_text()).get("args", {}).get("window_detail")]
     reports += [(name, Path(path)) for name, _, path in (entry.partition("=") for entry in args.extra)]
     rows = [row for name, path in reports for row in map_rows(json.loads(path.read_text()), name)]
     if not rows:

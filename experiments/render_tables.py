@@ -41,6 +41,7 @@ QUALITY = f"{RESULTS}/quality/quality.md"  # experiments/quality.py
 STEP_DIR = f"{RESULTS}/step"
 BIAS_MAP = f"{RESULTS}/bias_map/map/map.md"  # experiments/bias_map.py over experiments/bias_map.sh's reports
 PAPER_STEP = f"{STEP_DIR}/paper_regime.json"  # python -m jagg_lab.bench step of the paper_* experiments
+ROUTING = f"{RESULTS}/bias_map/routing20.json"  # bench bias window_detail=true in the authors' regime
 
 # where each kind of number is argued (links from the README's table)
 TRAINING_DOC = "docs/results/training.md"
@@ -294,6 +295,18 @@ def bias_map() -> str:
     return "\n".join(line for line in (ROOT / BIAS_MAP).read_text().splitlines() if line.startswith("|"))
 
 
+def routing_windows() -> str:
+    """JAGG per window position in the authors' regime: noise levels, routing score, bias and error."""
+    report = _load(ROUTING)
+    lines = _header(["window", "steps", "noise levels", "routing score", "JAGG z (no bias ~1)", "cos(odd, even mean d)",
+                     "per-rollout error / noise of the window's f"])
+    for w in report["windows"]:
+        lines.append(_row([str(w["position"]), f"{w['steps'][0]}-{w['steps'][-1]}",
+                           f"{w['noise_levels'][0]:.2f} -> {w['noise_levels'][1]:.2f}", f"{w['mean_score']:.3f}",
+                           f"{w['z']:.2f}", f"{w['halves_cosine']:.2f}", f"{w['rel_error']:.2f}"]))
+    return "\n".join(lines)
+
+
 def paper_step() -> str:
     """The paper_* experiments' steps, timed side by side: backward items and seconds as shares of paper_full's."""
     rows = _load(PAPER_STEP)["rows"]
@@ -309,7 +322,7 @@ def paper_step() -> str:
 
 TABLES = {"strategies": strategies, "should_use": should_use, "choice": choice, "equal_time": equal_time, "counting": counting,
           "quality": quality, "speed": speed, "step_tails": step_tails, "objectives": objectives,
-          "bias_map": bias_map, "paper_step": paper_step}
+          "bias_map": bias_map, "paper_step": paper_step, "routing_windows": routing_windows}
 
 
 # ---- files -------------------------------------------------------------------------------
