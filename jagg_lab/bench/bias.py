@@ -266,10 +266,10 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
             sums[key].add(g, f)
             count(key, stats, t)
         for w in detail_windows:
-            for i, part in enumerate(window_gradients(module, rollout, advantages, w,
-                                                      len(advantages) // module.grpo.micro_batch_size)):
-                window_sums.setdefault((w, i), ErrorSums()).add(part["g"], part["f"])
-                seen = window_seen.setdefault((w, i), {"steps": part["steps"], "score": 0.0, "n": 0})
+            for position, part in enumerate(window_gradients(module, rollout, advantages, w,
+                                                             len(advantages) // module.grpo.micro_batch_size)):
+                window_sums.setdefault((w, position), ErrorSums()).add(part["g"], part["f"])
+                seen = window_seen.setdefault((w, position), {"steps": part["steps"], "score": 0.0, "n": 0})
                 seen["score"] += part["score"]
                 seen["n"] += 1
                 f_norm = part["f"].norm().item()

@@ -65,11 +65,18 @@ def test_window_detail_splits_the_step_into_windows_and_correlates_score_with_er
     assert not torch.allclose(parts[0]["g"], parts[0]["f"], atol=1e-6, rtol=1e-4) and -1 <= parts[0]["score"] <= 1
     assert bias.score_error_correlation([(0.9, 0.1), (0.5, 0.4), (0.1, 0.8)])["spearman"] == pytest.approx(-1.0)
     out = tmp_path / "bias.json"
-    assert main(["bias", f"out={out}", "n_rollouts=4", "strategies=[jagg,subsample]", "windows=[4]", "window_detail=true",
+    # 5 rollouts: the report after the 4th is written too (a partial one), as a long run writes them
+    assert main(["bias", f"out={out}", "n_rollouts=5", "strategies=[jagg,subsample]", "windows=[4]", "window_detail=true",
                  f"overrides=[{','.join(varied)}]"]) == 0
     report = json.loads(out.read_text())
     assert [(w["window"], w["position"], w["steps"]) for w in report["windows"]] == [(4, 0, [0, 1, 2, 3]), (4, 1, [4, 5])]
-    assert report["windows"][1]["rel_error"] < 1e-3 and report["score_error_correlation"]["4"]["pairs"] == 8
+    assert report["windows"][1]["rel_error"] < 1e-3 and report["score_error_correlation"]["4"]["pairs"] == 10
+    assert report["rollouts_done"] == 5 and all(row.get("rollouts", 5) == 5 for row in report["rows"])
+    # four windows per rollout: the per-window loop must not disturb the rollout count (partial reports)
+    many = tmp_path / "many.json"
+    assert main(["bias", f"out={many}", "n_rollouts=5", "strategies=[jagg]", "windows=[2]", "window_detail=true",
+                 f"overrides=[{','.join([*varied, 'sampler.num_steps=8'])}]"]) == 0
+    assert json.loads(many.read_text())["rollouts_done"] == 5
 
 
 @pytest.mark.parametrize("argv, key", [
