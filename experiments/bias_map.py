@@ -138,7 +138,7 @@ def figure(rows: list[dict], path: Path) -> None:
              ylabel="|E d| / rms noise of full", title="JAGG's bias (subsample: none)")
     right.set(xlabel="window noise span", ylabel="rms per-rollout error / rms noise of full",
               title="per-rollout error at equal backward items")
-    left.legend(fontsize=6)
+    left.legend(fontsize=6, loc="lower right")
     right.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
