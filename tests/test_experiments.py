@@ -98,7 +98,11 @@ def test_every_job_of_every_sweep_composes_and_builds(sweep):
 
 def test_launchers_compose():
     local = compose_train(["hydra/launcher=local"]).hydra.launcher
-    assert local._target_.endswith("JoblibLauncher") and local.n_jobs >= 1
+    from hydra.utils import get_class
+
+    # jagg_lab's local launcher: Hydra's joblib launcher whose sweep stops cleanly on Ctrl-C (jagg_lab.sweeps)
+    assert local._target_ == "hydra_plugins.jagg_lab_launcher.LocalLauncher" and local.n_jobs >= 1
+    assert "JoblibLauncher" in [c.__name__ for c in get_class(local._target_).__mro__]
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     slurm = compose_train(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"]).hydra.launcher
     assert slurm._target_.endswith("SlurmLauncher") and slurm.partition == "gpu"
