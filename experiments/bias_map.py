@@ -29,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from jagg_lab import cli  # noqa: E402
+from jagg_lab.bench.report import markdown_table  # noqa: E402
 from jagg_lab.sampling.schedule import noise_schedule  # noqa: E402
 from jagg_lab.strategies import partition_windows  # noqa: E402
 
@@ -96,7 +97,7 @@ def map_rows(report: dict, column: str) -> list[dict]:
 
 COLUMNS = [("column", "column", "{}"), ("steps", "steps", "{}"), ("trained_steps", "trained", "{}"),
            ("window", "W", "{}"), ("span", "window noise span", "{:.3f}"), ("rollouts", "rollouts", "{}"),
-           ("backward_items", "items (full)", None), ("jagg_z", "JAGG z (no bias ~1)", "{:.2f}"),
+           ("items", "items (full)", "{}"), ("jagg_z", "JAGG z (no bias ~1)", "{:.2f}"),
            ("jagg_bias_over_noise", "JAGG bias / noise of f", "{:.3f}"),
            ("jagg_halves_cosine", "cos(odd, even mean d)", "{:.2f}"),
            ("jagg_bias_over_mean_full", "\\|mean d\\| / \\|mean f\\|", "{:.2f}"),
@@ -107,12 +108,7 @@ COLUMNS = [("column", "column", "{}"), ("steps", "steps", "{}"), ("trained_steps
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
-        cells = [f"{row['backward_items']:.0f} ({row['full_items']:.0f})" if fmt is None else fmt.format(row[key])
-                 for key, _, fmt in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table([{**row, "items": f"{row['backward_items']:.0f} ({row['full_items']:.0f})"} for row in rows], COLUMNS)
 
 
 def figure(rows: list[dict], path: Path) -> None:
