@@ -60,6 +60,22 @@ def disk_full(err: BaseException) -> bool:
     return False
 
 
+def resume_command(last: Path, overrides: list[str]) -> str:
+    """The command that goes on from checkpoint `last` with a run's other overrides."""
+    kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "jagg_lab.train", *kept, f"resume={last}"]) + " hydra.run.dir=NEW_DIR"
+
+
+def evaluate_command(run: Path, settings: dict, base: Path | None = None) -> str:
+    """The `jagg_lab.evaluate` command of a held-out evaluation's settings (a verdict's), graded
+    against the base's scores kept in `base` (a run's .ckpt) when given."""
+    args = " ".join(f"{k}={settings[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size"))
+    if settings.get("categories"):
+        args += " " + shlex.quote("categories=[" + ",".join(settings["categories"]) + "]")
+    return (f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} {args}"
+            + (f" base={shlex.quote(str(base))}" if base is not None else ""))
+
+
 def disk_full_message(run_dir: Path, err: BaseException, overrides: list[str], verdict: dict | None = None) -> str:
     """One line for a run stopped by a full disk: what failed, what is whole, how to go on. verdict:
     the verdict's evaluation settings when training had finished and only the verdict was left."""
@@ -70,14 +86,9 @@ def disk_full_message(run_dir: Path, err: BaseException, overrides: list[str], v
     if not last.exists():
         return f"{said}; no checkpoint was written yet: free space and start again"
     if verdict is not None:
-        settings = " ".join(f"{k}={verdict[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size"))
-        if verdict.get("categories"):
-            settings += " " + shlex.quote("categories=[" + ",".join(verdict["categories"]) + "]")
-        return (f"{said} after training had finished; {last} holds the trained policy: free space, then grade it with: "
-                f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(last))} {settings} base={shlex.quote(str(last))}")
-    kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
-    command = " ".join(shlex.quote(a) for a in ["python", "-m", "jagg_lab.train", *kept, f"resume={last}"])
-    return f"{said}; {last} holds the last whole checkpoint: free space, then go on with: {command} hydra.run.dir=NEW_DIR"
+        return f"{said} after training had finished; {last} holds the trained policy: free space, then grade it with: " \
+               + evaluate_command(last, verdict, base=last)
+    return f"{said}; {last} holds the last whole checkpoint: free space, then go on with: {resume_command(last, overrides)}"
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:

@@ -15,6 +15,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from jagg_lab.callbacks.heldout import HeldoutEval
+from jagg_lab.rundir import evaluate_command, resume_command
 
 __all__ = ["RunSummary"]
 
@@ -92,17 +93,11 @@ class RunSummary(Callback):
                                                                     if heldout.unfinished else "nothing was left unfinished"))
         lines.append(f"policy: {summary['policy']}; checkpoints: {summary['checkpoints']}/ (last.ckpt: step {steps})")
         if in_training:
-            kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
-            resume = ["python", "-m", "jagg_lab.train", *kept, f"resume={run / 'checkpoints' / 'last.ckpt'}",
-                      "hydra.run.dir=NEW_DIR"]
-            summary["next"] = " ".join(shlex.quote(a) for a in resume[:-1]) + " " + resume[-1]
+            summary["next"] = resume_command(run / "checkpoints" / "last.ckpt", overrides)
         elif heldout.unfinished:  # what the held-out work would have measured, by the evaluation command
             settings = heldout.args(trainer.lightning_module.policy, final="held-out verdict" in heldout.unfinished)
             base = run / "checkpoints" / "last.ckpt"  # holds the base's scores: the command grades against them
-            summary["next"] = f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} " + " ".join(
-                f"{k}={settings[k]}" for k in ("n_samples", "seed", "num_steps", "guidance", "shift", "batch_size")) + (
-                f" {shlex.quote('categories=[' + ','.join(settings['categories']) + ']')}" if "categories" in settings else "") + (
-                f" base={shlex.quote(str(base))}" if base.is_file() else "")
+            summary["next"] = evaluate_command(run, settings, base if base.is_file() else None)
         else:
             summary["next"] = f"python -m jagg_lab.evaluate source=policy run={shlex.quote(str(run))} n_samples=512 seed=1"
         lines.append(f"next: {summary['next']}")
