@@ -33,7 +33,7 @@ from jagg_lab.policies.reference import AdaptersOff, reference_policy
 from jagg_lab.rewards.base import Reward, check_scores
 from jagg_lab.sampling import SDESampler, sde_rollout, shard_noise
 from jagg_lab.processes import ProcessWiring
-from jagg_lab.sharding import export_weights, gather_for_passes, memory_mib
+from jagg_lab.sharding import export_weights, gather_for_passes, memory_mib, resident_mib
 from jagg_lab.strategies import GradientStrategy
 from jagg_lab.strategies.core import combine_stats
 from jagg_lab.types import Rollout
@@ -49,6 +49,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     sample_every: write a PNG grid of rollout samples every N rollouts (0 = never).
     max_bad_steps: a non-finite reward, loss or gradient skips the optimizer step (logged,
     counted in `skipped_steps`); this many in a row stop the run with an error.
+    log_memory: each metrics row also holds the process's resident memory (`memory_rss_mib`).
     compile_rollout: the rollout's policy calls go through `torch.compile` (the gradient phase
     stays eager); its first rollout pays the compilation.
     objective: TrajectoryGRPO (default: the GRPO loss of the sampled SDE steps, through `strategy`)
@@ -58,7 +59,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     def __init__(self, policy: nn.Module, sampler: SDESampler, reward: Reward, strategy: GradientStrategy,
                  grpo: GRPOConfig, optimizer: Callable, group_size: int, seed: int = 0, sample_every: int = 10,
                  run_dir: str | None = None, max_bad_steps: int = 3, compile_rollout: bool = False,
-                 objective: TrajectoryGRPO | ForwardObjective | None = None):
+                 objective: TrajectoryGRPO | ForwardObjective | None = None, log_memory: bool = False):
         super().__init__()
         if max_bad_steps < 1:
             raise ValueError(f"max_bad_steps must be >= 1, got {max_bad_steps}")
@@ -75,7 +76,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         self.optimizer_factory = optimizer
         self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
         self.run_dir = Path(run_dir) if run_dir else None
-        self.max_bad_steps = max_bad_steps
+        self.max_bad_steps, self.log_memory = max_bad_steps, log_memory
         self.forward_objective = objective if isinstance(objective, ForwardObjective) else None
         # The KL reference is the policy as it starts; nothing when KL is off.
         kl = self.forward_objective.needs_reference if self.forward_objective is not None else grpo.beta
@@ -266,6 +267,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
             }
             row.update({f"reward_{k}": v for k, v in component_means.items() if math.isfinite(v)})
             row.update({k: v for k, v in totals.items() if k != "loss"})
+            if self.log_memory:
+                row["memory_rss_mib"] = resident_mib()
             for metric in self.step_metrics.values():
                 metric.reset()
             for logger in self.loggers:

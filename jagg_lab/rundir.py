@@ -60,10 +60,13 @@ def disk_full(err: BaseException) -> bool:
     return False
 
 
-def resume_command(last: Path, overrides: list[str]) -> str:
-    """The command that goes on from checkpoint `last` with a run's other overrides."""
+def resume_command(last: Path | None, overrides: list[str], new_dir: Path | str = "NEW_DIR") -> str:
+    """The command that goes on from checkpoint `last` (None: starts afresh) with a run's other
+    overrides, into `new_dir` (by default a placeholder the user replaces)."""
     kept = [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
-    return " ".join(shlex.quote(a) for a in ["python", "-m", "jagg_lab.train", *kept, f"resume={last}"]) + " hydra.run.dir=NEW_DIR"
+    command = ["python", "-m", "jagg_lab.train", *kept, *([f"resume={last}"] if last is not None else [])]
+    return " ".join(shlex.quote(a) for a in command) + \
+        (" hydra.run.dir=NEW_DIR" if new_dir == "NEW_DIR" else f" {shlex.quote(f'hydra.run.dir={new_dir}')}")
 
 
 def evaluate_command(run: Path, settings: dict, base: Path | None = None) -> str:

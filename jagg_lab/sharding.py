@@ -287,6 +287,13 @@ def memory_mib(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> 
     return f"trainable weights {weights / 2**20:.3f}, optimizer state {state / 2**20:.3f}, peak resident {peak:.0f}{gpu}"
 
 
+def resident_mib() -> float:
+    """This process's resident memory now (not its peak), in MiB."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
 # ---- sharded checkpoints outside training ------------------------------------------------
 class _MetadataUnpickler(pickle.Unpickler):
     """torch.distributed.checkpoint's `.metadata` is a plain pickle (protocol 4, which torch's

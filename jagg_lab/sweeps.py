@@ -19,12 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-__all__ = ["STOPPING", "job_status", "sweep_stopping", "mark_sweep_stopping", "stopping_signal", "in_local_sweep",
-           "idle_worker_ignores_signals", "stop_on_signal", "report_jobs"]
+from jagg_lab.rundir import resume_command, run_summary
+
+__all__ = ["STOPPING", "PLAN", "plan_jobs", "planned_jobs", "job_parts", "job_status", "sweep_report", "sweep_stopping",
+           "mark_sweep_stopping", "stopping_signal", "in_local_sweep", "idle_worker_ignores_signals", "stop_on_signal", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -78,20 +81,77 @@ def idle_worker_ignores_signals() -> None:
             signal.signal(sig, _swallow)
 
 
-def job_status(run_dir: Path, error: BaseException | None = None) -> str:
-    """One line on a sweep job: finished, stopped with the command that goes on, failed (`error`,
-    what the job raised), or never started."""
+PLAN = "jobs.json"  # in the sweep directory: each job's directory and overrides, written before any job starts
+
+
+def plan_jobs(sweep_dir: Path, jobs: dict[int, tuple[str, Sequence[str]]]) -> None:
+    """Record the sweep's jobs (number -> (directory relative to `sweep_dir`, overrides)) in
+    SWEEP_DIR/jobs.json before any starts, so that what each job left can be said even after the
+    sweep's own process was killed. Jobs of an earlier batch of the same sweep are kept."""
+    path = Path(sweep_dir) / PLAN
+    known = {int(k): v for k, v in json.loads(path.read_text()).items()} if path.is_file() else {}
+    known.update({num: {"dir": str(subdir), "overrides": list(overrides)} for num, (subdir, overrides) in jobs.items()})
+    tmp = path.with_name(f".{PLAN}.tmp")
+    tmp.write_text(json.dumps({str(k): known[k] for k in sorted(known)}, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def planned_jobs(sweep_dir: Path) -> list[tuple[Path, list[str]]]:
+    """The jobs `plan_jobs` recorded: each one's directory (under `sweep_dir`) and overrides."""
+    path = Path(sweep_dir) / PLAN
+    if not path.is_file():
+        raise FileNotFoundError(f"{sweep_dir} is not a local sweep's directory (no {PLAN}; the sweeps of "
+                                "hydra/launcher=local write it when they start)")
+    plan = json.loads(path.read_text())
+    return [(Path(sweep_dir) / plan[k]["dir"], list(plan[k]["overrides"])) for k in sorted(plan, key=int)]
+
+
+def job_parts(run_dir: Path) -> list[Path]:
+    """A job's directory and its resumptions (RUN_resumed1, RUN_resumed2, ...) that exist, in order."""
+    parts, k = [Path(run_dir)], 1
+    while (part := Path(run_dir).with_name(f"{Path(run_dir).name}_resumed{k}")).is_dir():
+        parts.append(part)
+        k += 1
+    return parts
+
+
+def job_status(run_dir: Path, overrides: Sequence[str], error: BaseException | None = None) -> str:
+    """One line on a sweep job: finished, stopped or killed with the command that goes on (from its
+    latest part's checkpoints/last.ckpt into the next part, RUN_resumedK), failed (`error`, what the
+    job raised) or never started (with the command that starts it)."""
     if error is not None:
         return f"{run_dir}: failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-    summary_file = Path(run_dir) / "summary.json"
-    if not summary_file.is_file():
-        if (Path(run_dir) / "metrics.csv").is_file():
-            return f"{run_dir}: ended without a summary (killed?); see python -m jagg_lab.train's message for that directory"
-        return f"{run_dir}: never started"
-    summary = json.loads(summary_file.read_text())
-    if summary.get("interrupted"):
-        return f"{run_dir}: stopped by {summary['interrupted']} after {summary.get('steps')} steps; next: {summary.get('next')}"
-    return f"{run_dir}: finished, {summary.get('steps')} steps"
+    parts = job_parts(run_dir)
+    current = parts[-1]
+    if not current.is_dir():
+        return f"{run_dir}: never started; next: {resume_command(None, list(overrides), current)}"
+    where = f" (its part {current.name})" if len(parts) > 1 else ""
+    summary = run_summary(current)
+    if summary is not None and (summary.get("interrupted") is None or summary.get("unfinished") == []):
+        return f"{run_dir}: finished, {summary.get('steps')} steps{where}"  # or stopped once nothing was left
+    if summary is not None and "unfinished" in summary:  # after its last step: what is left is not training
+        return f"{run_dir}: stopped by {summary['interrupted']} after its last step ({summary.get('steps')} steps){where}; next: {summary.get('next')}"
+    last = current / "checkpoints" / "last.ckpt"
+    after = f"stopped by {summary['interrupted']} after {summary.get('steps')} steps" if summary is not None \
+        else "ended without a summary (killed, or still running)"
+    if last.is_file():
+        following = current.with_name(f"{Path(run_dir).name}_resumed{len(parts)}")
+        return f"{run_dir}: {after}{where}; next: {resume_command(last, list(overrides), following)}"
+    source = parts[-2] / "checkpoints" / "last.ckpt" if len(parts) > 1 else None
+    return (f"{run_dir}: {after}{where} before its first checkpoint (nothing to resume in it): move {current} out of "
+            f"the sweep directory, then next: {resume_command(source, list(overrides), current)}")
+
+
+def sweep_report(sweep_dir: Path, errors: dict[int, BaseException] | None = None, write: bool = True) -> list[str]:
+    """One line per planned job (`job_status`; `errors`: what jobs raised, by their place in the
+    plan), logged and, with `write`, written to SWEEP_DIR/jobs.txt."""
+    errors = errors or {}
+    lines = [job_status(run_dir, overrides, errors.get(i)) for i, (run_dir, overrides) in enumerate(planned_jobs(sweep_dir))]
+    if write:
+        (Path(sweep_dir) / "jobs.txt").write_text("\n".join(lines) + "\n")
+    for line in lines:
+        log.info("sweep job %s", line)
+    return lines
 
 
 @contextmanager
@@ -124,12 +184,26 @@ def stop_on_signal(sweep_dir: Path) -> Iterator[list[int]]:
         (sweep_dir / STOPPING).unlink(missing_ok=True)
 
 
-def report_jobs(sweep_dir: Path, run_dirs: Sequence[Path], errors: Sequence[BaseException | None] | None = None) -> list[str]:
-    """One line per job (`job_status`; `errors`: what each job raised, None if nothing), logged and
-    written to SWEEP_DIR/jobs.txt."""
-    errors = errors or [None] * len(run_dirs)
-    lines = [job_status(run_dir, error) for run_dir, error in zip(run_dirs, errors)]
-    (sweep_dir / "jobs.txt").write_text("\n".join(lines) + "\n")
-    for line in lines:
-        log.info("sweep job %s", line)
-    return lines
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m jagg_lab.sweeps SWEEP_DIR: what each job of a local sweep left and the command
+    that goes on with it (also after the sweep's own process was killed: no jobs.txt then).
+    Exit status 0 when every job finished, 1 when some have a next command, 2 for a directory
+    that is not a local sweep's."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m jagg_lab.sweeps", description=main.__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path, help="the sweep's directory (hydra.sweep.dir)")
+    args = parser.parse_args(argv)
+    try:
+        lines = sweep_report(args.sweep_dir, write=False)
+    except FileNotFoundError as err:
+        print(f"jagg_lab.sweeps: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    left = sum(" next: " in line or ": failed: " in line for line in lines)
+    print(f"{len(lines)} jobs: {len(lines) - left} finished, {left} to go on with (run each line's next command)")
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -158,7 +158,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     module = GRPOModule(
         policy=policy, sampler=sampler, reward=reward, strategy=strategy, grpo=grpo, optimizer=optimizer,
         group_size=data.group_size, seed=cfg.seed, sample_every=cfg.sample_every, run_dir=str(run_dir),
-        max_bad_steps=cfg.max_bad_steps, objective=objective,
+        max_bad_steps=cfg.max_bad_steps, objective=objective, log_memory=cfg.log_memory,
     )
     # The periodic step_*.ckpt; SafeStop alone writes last.ckpt (the latest step, whoever asks).
     checkpoints = ModelCheckpoint(

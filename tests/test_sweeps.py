@@ -3,24 +3,52 @@
 import json
 import signal
 
-from jagg_lab.sweeps import STOPPING, job_status, report_jobs, stop_on_signal, sweep_stopping
+from jagg_lab.sweeps import STOPPING, job_status, plan_jobs, stop_on_signal, sweep_report, sweep_stopping
+from jagg_lab.sweeps import main as sweeps_main
 
 
-def test_each_job_is_finished_stopped_killed_or_never_started(tmp_path):
-    finished, stopped, killed, never = (tmp_path / name for name in ("0", "1", "2", "3"))
-    for run in (finished, stopped, killed):
-        run.mkdir()
+def test_each_job_is_finished_stopped_killed_or_never_started_with_the_command_that_goes_on(tmp_path):
+    overrides = ["policy=dit_xs", "seed=1"]
+    plan_jobs(tmp_path, {i: (str(i), overrides) for i in range(6)})
+    finished, stopped, killed, never, early, resumed = (tmp_path / str(i) for i in range(6))
+    for run in (finished, stopped, killed, early, resumed, tmp_path / "5_resumed1"):
+        (run / "checkpoints").mkdir(parents=True)
         (run / "metrics.csv").write_text("step\n1\n")
+        if run is not early:
+            (run / "checkpoints" / "last.ckpt").write_bytes(b"")
     (finished / "summary.json").write_text(json.dumps({"steps": 100, "interrupted": None}))
-    (stopped / "summary.json").write_text(json.dumps({"steps": 7, "interrupted": "SIGINT",
-                                                      "next": "python -m jagg_lab.train resume=R hydra.run.dir=NEW_DIR"}))
-    lines = report_jobs(tmp_path, [finished, stopped, killed, never])
-    assert lines == [f"{finished}: finished, 100 steps",
-                     f"{stopped}: stopped by SIGINT after 7 steps; next: python -m jagg_lab.train resume=R hydra.run.dir=NEW_DIR",
-                     f"{killed}: ended without a summary (killed?); see python -m jagg_lab.train's message for that directory",
-                     f"{never}: never started"]
+    (stopped / "summary.json").write_text(json.dumps({"steps": 7, "interrupted": "SIGINT"}))
+    (tmp_path / "5_resumed1" / "summary.json").write_text(json.dumps({"steps": 9, "interrupted": "SIGTERM"}))
+    lines = sweep_report(tmp_path)
+    train = "python -m jagg_lab.train policy=dit_xs seed=1"
+    assert lines == [
+        f"{finished}: finished, 100 steps",
+        f"{stopped}: stopped by SIGINT after 7 steps; next: {train} resume={stopped}/checkpoints/last.ckpt hydra.run.dir={stopped}_resumed1",
+        f"{killed}: ended without a summary (killed, or still running); next: {train} resume={killed}/checkpoints/last.ckpt "
+        f"hydra.run.dir={killed}_resumed1",
+        f"{never}: never started; next: {train} hydra.run.dir={never}",
+        f"{early}: ended without a summary (killed, or still running) before its first checkpoint (nothing to resume in it): "
+        f"move {early} out of the sweep directory, then next: {train} hydra.run.dir={early}",
+        f"{resumed}: stopped by SIGTERM after 9 steps (its part 5_resumed1); next: {train} resume={resumed}_resumed1/checkpoints/last.ckpt "
+        f"hydra.run.dir={resumed}_resumed2"]
     assert (tmp_path / "jobs.txt").read_text().splitlines() == lines
-    assert job_status(never) == lines[3]
+    (resumed / "checkpoints" / "last.ckpt").unlink()
+    (tmp_path / "5_resumed1" / "summary.json").unlink()
+    (tmp_path / "5_resumed1" / "checkpoints" / "last.ckpt").unlink()  # the resumption was killed before its first checkpoint
+    assert job_status(resumed, overrides).endswith(
+        f"move {resumed}_resumed1 out of the sweep directory, then next: {train} resume={resumed}/checkpoints/last.ckpt "
+        f"hydra.run.dir={resumed}_resumed1")
+
+
+def test_the_status_command_reads_a_sweep_whose_process_was_killed(tmp_path, capsys):
+    """No jobs.txt (the sweep's process died before writing it): the plan says what the jobs were."""
+    assert sweeps_main([str(tmp_path)]) == 2 and "not a local sweep's directory (no jobs.json" in capsys.readouterr().err
+    plan_jobs(tmp_path, {0: ("0", ["seed=0"])})
+    plan_jobs(tmp_path, {1: ("1", ["seed=1"])})  # a later batch of the same sweep
+    assert sweeps_main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == f"{tmp_path / '1'}: never started; next: python -m jagg_lab.train seed=1 hydra.run.dir={tmp_path / '1'}"
+    assert out[-1] == "2 jobs: 0 finished, 2 to go on with (run each line's next command)" and not (tmp_path / "jobs.txt").exists()
 
 
 def test_the_first_signal_marks_the_sweep_stopping_and_the_mark_goes_with_the_sweep(tmp_path):
@@ -37,7 +65,8 @@ def test_the_first_signal_marks_the_sweep_stopping_and_the_mark_goes_with_the_sw
 def test_a_failed_job_says_why_and_a_job_of_the_sweeps_own_process_marks_it_stopping(tmp_path):
     from jagg_lab.sweeps import mark_sweep_stopping, stopping_signal
 
-    assert report_jobs(tmp_path, [tmp_path / "0"], [ValueError("grpo.block_size: bad\nmore")]) == [
+    plan_jobs(tmp_path, {0: ("0", ["seed=0"])})
+    assert sweep_report(tmp_path, {0: ValueError("grpo.block_size: bad\nmore")}) == [
         f"{tmp_path / '0'}: failed: ValueError: grpo.block_size: bad"]
     with stop_on_signal(tmp_path) as stopped:  # n_jobs=1: the job's own handler met Ctrl-C, not the sweep's
         mark_sweep_stopping(tmp_path / "0", signal.SIGINT)
