@@ -1,18 +1,18 @@
 """The Lightning module: the only place that wires the GRPO stages together.
 
-One training_step = one rollout batch: prompts -> SDE rollouts (no grad) -> rewards ->
-group advantages -> for each optimizer step: the gradient phase over micro-batches ->
-clip -> step -> one metrics row. The math of each stage lives in its package (the loss
-and gradient phase in `grpo.objective`); this module holds the Lightning wiring: processes,
-optimizer and EMA, checkpoints, logging. Manual optimization, because GRPO takes several
-optimizer steps per batch and the strategy, not Lightning, runs the backward passes.
+One training_step = one rollout batch: prompts -> rollouts (no grad) -> rewards -> group
+advantages -> the objective's per-sample weights -> for each optimizer step: the gradient phase
+over micro-batches -> clip -> step -> one metrics row. What is sampled and optimised is the
+objective's (`jagg_lab.objectives`: the stages of `Objective`, the same calls whatever its
+kind); this module holds the Lightning wiring: processes, optimizer and EMA, checkpoints,
+logging. Manual optimization, because GRPO takes several optimizer steps per batch and the
+objective (its gradient strategy), not Lightning, runs the backward passes.
 
 Across processes (DDP, or FSDP through `jagg_lab.sharding`) see `jagg_lab.processes`: each
 rank samples its own rows, advantages cover whole groups, gradients are reduced once per step.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -26,12 +26,11 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
 from jagg_lab.checkpointing import rng_state, set_rng_state
-from jagg_lab.grpo import GRPOConfig, GRPOObjective, StepStats, rollout_advantages
-from jagg_lab.objectives import ForwardObjective, Samples, TrajectoryGRPO
-from jagg_lab.policies.base import guided_velocity_fn
-from jagg_lab.policies.reference import AdaptersOff, reference_policy
+from jagg_lab.grpo import GRPOConfig, StepStats, rollout_advantages
+from jagg_lab.objectives import Objective, TrajectoryGRPO
+from jagg_lab.policies.reference import AdaptersOff
 from jagg_lab.rewards.base import Reward, check_scores
-from jagg_lab.sampling import SDESampler, sde_rollout, shard_noise
+from jagg_lab.sampling import SDESampler, shard_noise
 from jagg_lab.processes import ProcessWiring
 from jagg_lab.sharding import export_weights, gather_for_passes, memory_mib, resident_mib
 from jagg_lab.strategies import GradientStrategy
@@ -52,41 +51,50 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     log_memory: each metrics row also holds the process's resident memory (`memory_rss_mib`).
     compile_rollout: the rollout's policy calls go through `torch.compile` (the gradient phase
     stays eager); its first rollout pays the compilation.
-    objective: TrajectoryGRPO (default: the GRPO loss of the sampled SDE steps, through `strategy`)
-    or a ForwardObjective (AWM, DiffusionNFT: ODE rollouts, the flow-matching loss at forward-noised
-    states of the final samples; `strategy` and the trajectory settings of `grpo` are not used)."""
+    objective: an Objective (default TrajectoryGRPO: the GRPO loss of the sampled SDE steps, through
+    `strategy`; AWM, DiffusionNFT: ODE rollouts, the flow-matching loss at forward-noised states of
+    the final samples, `strategy` and the trajectory settings of `grpo` unused)."""
 
     def __init__(self, policy: nn.Module, sampler: SDESampler, reward: Reward, strategy: GradientStrategy,
                  grpo: GRPOConfig, optimizer: Callable, group_size: int, seed: int = 0, sample_every: int = 10,
                  run_dir: str | None = None, max_bad_steps: int = 3, compile_rollout: bool = False,
-                 objective: TrajectoryGRPO | ForwardObjective | None = None, log_memory: bool = False):
+                 objective: Objective | None = None, log_memory: bool = False):
         super().__init__()
         if max_bad_steps < 1:
             raise ValueError(f"max_bad_steps must be >= 1, got {max_bad_steps}")
         self.automatic_optimization = False
-        self.policy, self.sampler, self.reward, self.strategy, self.grpo = policy, sampler, reward, strategy, grpo
-        self.objective = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
-        if objective is None or not isinstance(objective, ForwardObjective):
-            self.objective.check_strategy(strategy)
-        self.trained_steps = list(self.objective.trained_steps)
-        # checked before any work; a moving SDE window (grpo.window_size) has its phases per rollout
-        self.ode_phases = sampler.ode_phases(self.trained_steps) if grpo.window_size is None else {}
-        sampler.noise_levels(policy)  # likewise: the grid (sampler.schedule) fits the policy
+        self.policy, self.reward, self.grpo = policy, reward, grpo
+        # Not a submodule: the frozen copies it keeps are neither trained nor seen by the trainer.
+        self.objective = objective if objective is not None else TrajectoryGRPO()
+        self.objective.setup(policy, self.trainable_parameters(), sampler, grpo, strategy, seed)
+        sampler.noise_levels(policy)  # checked before any work: the grid (sampler.schedule) fits the policy
         self.compile_rollout(compile_rollout)
         self.optimizer_factory = optimizer
         self.group_size, self.seed, self.sample_every = group_size, seed, sample_every
         self.run_dir = Path(run_dir) if run_dir else None
         self.max_bad_steps, self.log_memory = max_bad_steps, log_memory
-        self.forward_objective = objective if isinstance(objective, ForwardObjective) else None
-        # The KL reference is the policy as it starts; nothing when KL is off.
-        kl = self.forward_objective.needs_reference if self.forward_objective is not None else grpo.beta
-        self.ref_policy = reference_policy(policy) if kl else None
-        if self.forward_objective is not None:
-            self.forward_objective.attach(policy, self.trainable_parameters(), sampler.guidance, self.ref_policy)
         self.ema = (AveragedModel(policy, multi_avg_fn=get_ema_multi_avg_fn(grpo.ema_decay), use_buffers=True)
                     if grpo.ema_decay else None)
         self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
         self.rollouts_done = self.bad_steps_in_a_row = self.skipped_steps = 0
+
+    @property
+    def sampler(self) -> SDESampler:
+        """The run's sampler (the objective samples with it)."""
+        return self.objective.sampler
+
+    @sampler.setter
+    def sampler(self, sampler: SDESampler) -> None:
+        self.objective.sampler = sampler
+
+    @property
+    def strategy(self) -> GradientStrategy:
+        """The gradient strategy the objective pushes its losses through (the trajectory objective's)."""
+        return self.objective.strategy
+
+    @strategy.setter
+    def strategy(self, strategy: GradientStrategy) -> None:
+        self.objective.strategy = strategy
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]
@@ -95,37 +103,29 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         return self.optimizer_factory(self.trainable_parameters())
 
     def compile_rollout(self, on: bool) -> None:
-        """Route the rollout's policy calls through torch.compile (a function, not a module, so the
-        state dict keeps one copy of the weights) or back to the eager policy."""
-        self.compiled_forward = torch.compile(self.policy.forward) if on else None
+        """Route the rollout's policy calls through torch.compile, where the objective supports
+        it (the trajectory objective), or back to the eager policy."""
+        self.objective.compile(self.policy, on)
+
+    def _apply(self, fn, *args, **kwargs):
+        """Moves and casts (`.to`, the trainer's device) reach the objective's frozen copies too."""
+        super()._apply(fn, *args, **kwargs)
+        for frozen in self.objective.frozen_modules():
+            frozen._apply(fn, *args, **kwargs)
+        return self
 
     # ---- stages --------------------------------------------------------------------
-    def make_rollout(self, prompts: list[str], generator: torch.Generator) -> Rollout | Samples:
-        """SDE rollouts of this rank's rows (a forward-process objective: its ODE samples and
-        training states); `generator` is shared by all ranks (see shard_noise)."""
+    def make_rollout(self, prompts: list[str], generator: torch.Generator, index: int | None = None,
+                     sampler: SDESampler | None = None) -> Rollout:
+        """The objective's rollout batch of this rank's rows; `generator` is shared by all ranks
+        (see shard_noise). index: the rollout's number (default: the run's next); sampler: another
+        setting of the run's sampler (a benchmark's)."""
         with torch.inference_mode():
             cond = self.policy.encode_prompts(prompts)
             null_cond = self.policy.encode_prompts([""])
         noise = self.initial_noise(len(prompts), generator)
-        if self.forward_objective is not None:
-            samples = self.forward_objective.rollout(self.policy, self.trainable_parameters(), cond, null_cond, noise,
-                                           self.sampler.noise_levels(self.policy).to(self.device), generator, self.shard)
-            return self.forward_objective.prepare(self.policy, samples.for_training(),
-                                                  off_policy=self.grpo.optimizer_steps_per_rollout > 1,
-                                                  micro_batch_size=self.grpo.micro_batch_size)
-        guidance = self.sampler.guidance
-        window = self.window() if self.grpo.window_size is not None else None
-        phases = self.ode_phases if window is None else self.sampler.window_phases(window)
-        rollout = sde_rollout(
-            guided_velocity_fn(self.compiled_forward or self.policy, cond, null_cond, guidance), noise, self.sampler.noise_levels(self.policy).to(self.device),
-            noise_level=self.sampler.noise_level, cond=cond, null_cond=null_cond,
-            reduction=self.sampler.log_prob_reduction,
-            ref_velocity_fn=guided_velocity_fn(self.ref_policy, cond, null_cond, guidance) if self.ref_policy is not None else None,
-            ref_steps=window or self.trained_steps, generator=generator, shard=self.shard, **phases,
-        )
-        if window is not None:
-            rollout = dataclasses.replace(rollout, trained_steps=tuple(window))
-        return rollout.for_training()
+        return self.objective.sample(self.policy, self.trainable_parameters(), cond, null_cond, noise, generator,
+                                     self.shard, self.rollouts_done if index is None else index, sampler)
 
     def initial_noise(self, rows: int, generator: torch.Generator) -> torch.Tensor:
         """This rank's rows of the rollout's initial noise: one draw per sample, or with
@@ -140,39 +140,22 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         groups = torch.randn((total // self.group_size, *shape), generator=generator)
         return groups.repeat_interleave(self.group_size, 0)[rank * rows:(rank + 1) * rows].to(self.device)
 
-    def window(self) -> list[int]:
-        """The trained steps of rollout `rollouts_done` under a moving SDE window (its own draw:
-        the rollout's noise is the same as without a window)."""
-        draw = torch.Generator().manual_seed(2**40 + self.seed * 1_000_003 + self.rollouts_done)  # apart from the noise seeds
-        return self.grpo.window(self.sampler.num_steps, self.rollouts_done, draw)
+    def rollout_generator(self, index: int | None = None) -> torch.Generator:
+        """The noise of rollout `index` (default `rollouts_done`) of this run: a resumed or re-run step draws the same."""
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + (self.rollouts_done if index is None else index))
 
-    def block_generator(self, idx: torch.Tensor) -> torch.Generator | None:
-        """The draw of micro-batch `idx`'s trained blocks (grpo.block_fraction < 1; else None), from
-        the run's seed, the rollout and the micro-batch's first row on this rank: a resumed step draws the same."""
-        if not self.grpo.draws_blocks:
-            return None
-        rollout = 2**41 + self.seed * 1_000_003 + self.rollouts_done  # apart from the noise and window seeds
-        return torch.Generator().manual_seed(rollout * 1_000_033 + self.shard[0] * 100_003 + int(idx[0]))
-
-    def rollout_generator(self) -> torch.Generator:
-        """The noise of rollout `rollouts_done` of this run: a resumed or re-run step draws the same."""
-        return torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done)
-
-    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """Advantages of the whole global batch (every rank computes the same ones)."""
-        shuffle = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollouts_done + 1)
-        return rollout_advantages(rewards, group_ids, self.grpo, shuffle)
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, index: int | None = None) -> torch.Tensor:
+        """The objective's per-sample weights from the advantages of the whole global batch (every
+        rank computes the same ones); index: the rollout's number (default `rollouts_done`)."""
+        index = self.rollouts_done if index is None else index
+        shuffle = torch.Generator().manual_seed(self.seed * 1_000_003 + index + 1)
+        return self.objective.weights(rollout_advantages(rewards, group_ids, self.grpo, shuffle))
 
     def micro_batch_backward(self, rollout: Rollout, advantages: torch.Tensor, idx: torch.Tensor, scale: float,
                              on_policy: bool) -> dict:
         """The gradient phase of one micro-batch; its loss statistics go to `step_metrics`."""
-        if self.forward_objective is not None:
-            stats, steps = self.forward_objective.backward(self.policy, self.trainable_parameters(), rollout, advantages, idx,
-                                                 scale=scale, on_policy=on_policy)
-        else:
-            stats, steps = self.objective.backward(self.strategy, self.policy, rollout, advantages, idx, scale=scale,
-                                                   on_policy=on_policy, params=self.trainable_parameters(),
-                                                   draw=self.block_generator(idx))
+        stats, steps = self.objective.backward(self.policy, self.trainable_parameters(), rollout, advantages, idx, scale=scale,
+                                               on_policy=on_policy, shard=self.shard, index=self.rollouts_done)
         for step in steps:
             for name, metric in self.step_metrics.items():
                 metric.update(getattr(step, name))
@@ -239,9 +222,7 @@ class GRPOModule(ProcessWiring, L.LightningModule):
             log.warning("reward %r gave %d non-finite scores at step %d; skipping this rollout", self.reward.name,
                         int((~torch.isfinite(rewards)).sum()), self.global_step)
             rewards = torch.nan_to_num(rewards, nan=0.0, posinf=0.0, neginf=0.0)
-        advantages = self.advantages(rewards, group_ids)
-        if self.forward_objective is not None:  # its per-sample reward weights
-            advantages = self.forward_objective.sample_weights(advantages, self.grpo.adv_clip_max)
+        advantages = self.advantages(rewards, group_ids)  # the objective's per-sample weights
         component_means = {k: self.gather_rows(v.float().to(self.device)).nanmean().item() for k, v in components.items() if k != "reward"}
         self.maybe_save_grid(images, rewards)
 
@@ -279,8 +260,8 @@ class GRPOModule(ProcessWiring, L.LightningModule):
                     f"{self.bad_steps_in_a_row} optimizer steps in a row had a non-finite reward, loss or gradient "
                     f"(reward {self.reward.name!r}); stopping. The last good state is in checkpoints/."
                 )
-        if self.forward_objective is not None and finite_rewards:
-            self.forward_objective.after_rollout(self.trainable_parameters(), self.global_step)
+        if finite_rewards:
+            self.objective.after_rollout(self.trainable_parameters(), self.global_step)
         self.rollouts_done += 1
 
     def maybe_save_grid(self, images: torch.Tensor, rewards: torch.Tensor) -> None:
@@ -301,14 +282,16 @@ class GRPOModule(ProcessWiring, L.LightningModule):
     # ---- exact resume: counters that are not parameters ------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint.update(rollouts_done=self.rollouts_done, skipped_steps=self.skipped_steps,
-                          strategy=self.strategy.state_dict(), rng=rng_state())
-        if self.forward_objective is not None:
-            checkpoint["objective"] = self.forward_objective.state_dict()
+                          strategy=self.strategy.state_dict(), rng=rng_state(), objective=self.objective.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.rollouts_done = checkpoint["rollouts_done"]
         self.skipped_steps = checkpoint["skipped_steps"]
         self.strategy.load_state_dict(checkpoint["strategy"])
         set_rng_state(checkpoint["rng"])
-        if self.forward_objective is not None:
-            self.forward_objective.load_state_dict(checkpoint["objective"])
+        self.objective.load_state_dict(checkpoint.get("objective", {}))
+        # Checkpoints written while the KL reference was a submodule hold its weights: the reference
+        # is the policy as the run started, rebuilt by the objective, so they are dropped.
+        state = checkpoint.get("state_dict", {})
+        for key in [k for k in state if k.startswith("ref_policy.")]:
+            del state[key]

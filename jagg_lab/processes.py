@@ -16,7 +16,7 @@ __all__ = ["ProcessWiring"]
 
 class ProcessWiring:
     """A LightningModule mixin: the module's rank, row gathering, sharding and gradient sync.
-    Expects `policy`, `ema`, `ref_policy`, `strategy` and `trainable_parameters()` on the module."""
+    Expects `policy`, `ema`, `objective` (its `ref_policy`), `strategy` and `trainable_parameters()` on the module."""
 
     @property
     def shard(self) -> tuple[int, int]:
@@ -32,7 +32,7 @@ class ProcessWiring:
         """Under `trainer=fsdp`, shard the policy and its EMA and KL-reference copies."""
         strategy = self._trainer.strategy if self._trainer is not None else None
         if isinstance(strategy, FSDPStrategy) and not is_sharded(self.policy):
-            strategy.shard(self.policy, self.ema, self.ref_policy, diagnostics=bool(self.strategy.diagnose_every))
+            strategy.shard(self.policy, self.ema, self.objective.ref_policy, diagnostics=bool(self.strategy.diagnose_every))
 
     def sync_gradients(self) -> None:
         """Sum the accumulated gradients over ranks: the one collective of an optimizer step

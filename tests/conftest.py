@@ -25,7 +25,8 @@ def randomized_policy(size: str = "XS", seed: int = 0, **kwargs) -> DiTPolicy:
 
 
 def make_module(strategy=None, *, guidance: float = 1.0, beta: float = 0.0, num_steps: int = 8,
-                train_fraction: float = 1.0, shift: float = 3.0, seed: int = 0, policy=None, **grpo) -> GRPOModule:
+                train_fraction: float = 1.0, shift: float = 3.0, seed: int = 0, policy=None, objective=None,
+                **grpo) -> GRPOModule:
     return GRPOModule(
         policy=policy or randomized_policy(seed=seed),
         sampler=SDESampler(num_steps=num_steps, shift=shift, guidance=guidance),
@@ -36,6 +37,7 @@ def make_module(strategy=None, *, guidance: float = 1.0, beta: float = 0.0, num_
         group_size=4,
         seed=seed,
         sample_every=0,
+        objective=objective,
     )
 
 

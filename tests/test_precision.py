@@ -57,7 +57,7 @@ def test_an_on_policy_step_in_bfloat16_has_ratio_one_and_clips_nothing():
     with precision_context(BF16, "cpu"):
         rollout, advantages = rollout_and_advantages(module)
         module.policy.zero_grad(set_to_none=True)
-        _, steps = module.objective.backward(FullStrategy(), module.policy, rollout, advantages, idx[:4], on_policy=True)
+        _, steps = module.objective.loss.backward(FullStrategy(), module.policy, rollout, advantages, idx[:4], on_policy=True)
     assert all(s.ratio_mean.item() == 1 and s.clip_frac.item() == 0 for s in steps)
     module.policy.zero_grad(set_to_none=True)
 
@@ -68,8 +68,8 @@ def test_in_float32_the_rollouts_log_probs_match_a_fresh_forward():
     rollout, advantages = rollout_and_advantages(module)
     idx = torch.arange(rollout.states.shape[0])
     record = {}
-    loss = module.objective.step_loss_fn(rollout, idx, advantages, record=record)
-    velocity = module.objective.velocity_fn(module.policy, rollout, idx)
+    loss = module.objective.loss.step_loss_fn(rollout, idx, advantages, record=record)
+    velocity = module.objective.loss.velocity_fn(module.policy, rollout, idx)
     with torch.no_grad():
         for j, k in enumerate(module.objective.trained_steps):
             loss(j, velocity(rollout.states[idx, k], torch.full((len(idx),), rollout.noise_levels[k].item())))

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
@@ -44,7 +44,7 @@ from jagg_lab.bench.common import (
     write_json,
 )
 from jagg_lab.bench.report import markdown_table
-from jagg_lab.objectives import ForwardObjective, trajectory_settings_used
+from jagg_lab.objectives import trajectory_settings_used
 
 __all__ = ["ArmsArgs", "SHARED", "bench_arms", "main"]
 
@@ -131,14 +131,15 @@ def unused_settings(name: str, cfg) -> list[str]:
     """The shared (overridden) settings a forward-process experiment does not use, one line each,
     as training would refuse them: a benchmark times it anyway and says so in its notes."""
     objective = objective_of(name, cfg)
-    return [f"{name}: {why}" for why in trajectory_settings_used(cfg, objective.name)] if isinstance(objective, ForwardObjective) else []
+    return [f"{name}: {why}" for why in trajectory_settings_used(cfg, objective.name)] if objective is not None and not objective.trajectory else []
 
 
 def owns_rollouts(cfg) -> bool:
     """Whether a training config samples rollouts of its own kind: a forward-process objective
     (ODE rollouts) or a moving SDE window."""
-    target = str(cfg.get("objective", {}).get("_target_", "TrajectoryGRPO"))
-    return not target.endswith("TrajectoryGRPO") or cfg.grpo.get("window_size") is not None
+    target = cfg.get("objective", {}).get("_target_")
+    trajectory = target is None or get_class(str(target)).trajectory
+    return not trajectory or cfg.grpo.get("window_size") is not None
 
 
 def _precision(cfg) -> str:

@@ -164,17 +164,17 @@ def window_gradients(module: GRPOModule, rollout, advantages, window: int, micro
     """Per window of `window` trained steps: the routing score (`jagg_routed`'s, from the rollout's
     velocities, averaged over the batch), and JAGG's and full's gradients of that window's share of
     the step's loss (the windows' full gradients sum to the step's). Gradients are left zeroed."""
-    steps = module.objective.steps_of(rollout)
+    steps = module.objective.loss.steps_of(rollout)
     total, params = rollout.final.shape[0], module.trainable_parameters()
     out = []
     for positions in partition_windows(len(steps), window):
-        share = dataclasses.replace(module.objective, trained_steps=tuple(steps[i] for i in positions))
+        share = dataclasses.replace(module.objective.loss, trained_steps=tuple(steps[i] for i in positions))
         grads = []
         for strategy in (JaggStrategy(window=window, mode="cached"), FullStrategy()):
             module.policy.zero_grad(set_to_none=True)
             for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
                 share.backward(strategy, module.policy, rollout, advantages, idx, on_policy=True, params=params,
-                               scale=len(idx) / total * len(positions) / len(steps), draw=module.block_generator(idx))
+                               scale=len(idx) / total * len(positions) / len(steps), draw=module.objective.block_generator(idx, module.rollouts_done))
             grads.append(flat_grad(params).detach().clone())
         module.policy.zero_grad(set_to_none=True)
         velocities = [rollout.velocities[:, steps[i]] for i in positions]
@@ -215,7 +215,7 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     estimators = {(name, w, t, p): ESTIMATORS[name](w, args.seed) if t is None else ESTIMATORS[name](w, args.seed, t)
                   for name, w, t, p in keys}
     for estimator in estimators.values():  # drawn blocks (grpo.block_fraction < 1): windows must keep to them
-        module.objective.check_strategy(estimator)
+        module.objective.loss.check_strategy(estimator)
     reference = ("full", 1, None, "32-true")
     sums = {key: ErrorSums() for key in estimators}
     detail_windows = sorted({key[1] for key in estimators if key[0] == "jagg"}) if args.window_detail else []
@@ -309,7 +309,7 @@ def _main(args: BiasArgs) -> int:
     for name, pinned, _ in map(parse_entry, args.strategies):  # drawn blocks: every window must keep to them
         for w in [pinned] if pinned else args.windows:
             try:
-                setting[1].objective.check_strategy(ESTIMATORS[name](w, args.seed))
+                setting[1].objective.loss.check_strategy(ESTIMATORS[name](w, args.seed))
             except ValueError as err:
                 sys.stderr.write(f"bias: {name}:{w}: {err}\n")
                 return 2

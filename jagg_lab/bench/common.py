@@ -192,8 +192,9 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
     sync(device)
     start = time.perf_counter()
     for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
-        parts.append(module.objective.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
-                                               on_policy=True, params=params, draw=module.block_generator(idx)))
+        parts.append(module.objective.loss.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
+                                                    on_policy=True, params=params,
+                                                    draw=module.objective.block_generator(idx, module.rollouts_done)))
     sync(device)
     seconds = time.perf_counter() - start
     if steps is not None:

@@ -168,8 +168,8 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     micro_batches = data.samples_per_step // module.grpo.micro_batch_size
     per_rollout = module.grpo.optimizer_steps_per_rollout
     guidance_rows = 2 if module.sampler.guidance != 1.0 else 1
-    ref_calls = len(module.trained_steps) if module.ref_policy is not None else 0
-    compiled = {on: (module.compile_rollout(on), module.compiled_forward)[1] for on in {s.compile for s, _ in samplers.values()}}
+    ref_calls = len(module.objective.trained_steps) if module.objective.ref_policy is not None else 0
+    compiled = [None]  # the rollout's compile setting now
 
     # a row per experiment x rollout setting x precision; a rollout per rollout setting x precision
     settings = [(spec, precision) for precision in args.precisions for spec in samplers]
@@ -186,11 +186,12 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
 
     def rollout_of(spec: str, prompts: list[str], index: int):
         setting, sampler = samplers[spec]
-        module.sampler, module.ode_phases = sampler, sampler.ode_phases(module.trained_steps)
-        module.compiled_forward = compiled[setting.compile]
+        if compiled[0] != setting.compile:
+            module.compile_rollout(setting.compile)
+            compiled[0] = setting.compile
         module.rollouts_done = index  # the training step's noise and advantage seeds for rollout `index`
         module.policy.eval()
-        return module.make_rollout(prompts, module.rollout_generator())
+        return module.make_rollout(prompts, module.rollout_generator(), sampler=sampler)
 
     for i in range(args.warmup + args.rounds):
         batch = next(stream)
@@ -248,8 +249,8 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
                  f"{time.perf_counter() - start:.0f} s")
     wall = time.perf_counter() - start
     limit = _limit(args, module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of) if args.limit else None
-    trained = {name: len(module.trained_steps) for name in strategies}
-    trained.update({name: len(m.objective.trained_steps) for name, m in own.items()})
+    trained = {name: len(module.objective.trained_steps) for name in strategies}
+    trained.update({name: len(m.grpo.trained_steps(m.sampler.num_steps)) for name, m in own.items()})
 
     experiment, _, rest = (args.reference or f"{args.experiments[0]}/{args.rollouts[0]}").partition("/")
     ref_rollout, _, ref_precision = rest.partition("/")
@@ -266,7 +267,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         reward_gain, reward_se = _paired(rewards[key, precision], rewards[ref_setting])
         setting = samplers[spec][0] if spec != OWN else RolloutSetting(OWN)
         if name in own:  # a forward-process objective's reference calls are part of its gradient phase
-            kl_calls = trained[name] if own[name].forward_objective is None and own[name].ref_policy is not None else 0
+            kl_calls = trained[name] if own[name].objective.trajectory and own[name].objective.ref_policy is not None else 0
         else:
             kl_calls = ref_calls
         row = {
@@ -353,9 +354,7 @@ def _own_step(module: GRPOModule, prompts: list[str], metadata: list[dict], grou
     components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
     scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
     t2 = time.perf_counter()
-    advantages = module.advantages(scores, group_ids)
-    if module.forward_objective is not None:
-        advantages = module.forward_objective.sample_weights(advantages, module.grpo.adv_clip_max)
+    advantages = module.advantages(scores, group_ids)  # the objective's per-sample weights
     module.policy.zero_grad(set_to_none=True)
     everything = torch.arange(len(prompts), device=device)  # the whole rollout, on-policy, as the shared rows
     sync(device)

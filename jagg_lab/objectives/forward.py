@@ -20,7 +20,11 @@ import torch
 from torch import nn
 
 from jagg_lab.grpo.loss import StepStats
+from jagg_lab.objectives.base import Objective
 from jagg_lab.policies.base import guided_velocity_fn
+from jagg_lab.policies.reference import reference_policy
+from jagg_lab.sharding import FSDPStrategy
+from jagg_lab.strategies import FullStrategy
 from jagg_lab.sampling.rollout import ODE_SOLVERS, ode_integrate
 from jagg_lab.types import Cond, index_cond, training_copy
 
@@ -130,17 +134,27 @@ def trajectory_settings_used(cfg, objective_name: str) -> list[str]:
         if value != default:
             problems.append(f"{key}={value}: not used by objective={objective_name}: {why}")
     trainer_strategy = cfg.get("trainer", {}).get("strategy")
-    if isinstance(trainer_strategy, Mapping) and str(trainer_strategy.get("_target_", "")).endswith("FSDPStrategy"):
+    if isinstance(trainer_strategy, Mapping) and _is_subclass(trainer_strategy.get("_target_"), FSDPStrategy):
         problems.append(f"trainer=fsdp: objective={objective_name}'s soft copies of the weights are not sharded; "
                         "train it with trainer=cpu, ddp or ddp_cpu")
-    target = str(cfg.get("strategy", {}).get("_target_", ""))
-    if target and not target.endswith("FullStrategy"):
-        problems.append(f"strategy={target.rsplit('.', 1)[-1]}: a gradient strategy decides how a trajectory's "
+    target = cfg.get("strategy", {}).get("_target_")
+    if target and not _is_subclass(target, FullStrategy):
+        problems.append(f"strategy={str(target).rsplit('.', 1)[-1]}: a gradient strategy decides how a trajectory's "
                         f"signals reach the parameters; objective={objective_name} has no trajectory (leave strategy=full)")
     return problems
 
 
-class ForwardObjective(ABC):
+def _is_subclass(target: str | None, kind: type) -> bool:
+    """Whether the class a config's `_target_` names is `kind` or derives from it."""
+    from hydra.utils import get_class
+
+    try:
+        return target is not None and issubclass(get_class(str(target)), kind)
+    except Exception:  # not a class (a function, a bad path): the config's own checks name it
+        return False
+
+
+class ForwardObjective(Objective, ABC):
     """The shared machinery of a forward-process objective; subclasses give the per-sample
     weights (`sample_weights`), the training noise levels (`draw_levels`) and the loss.
 
@@ -156,14 +170,23 @@ class ForwardObjective(ABC):
             raise ValueError(f"objective.solver must be one of {ODE_SOLVERS}, got {solver!r}")
         if kl_weight < 0:
             raise ValueError(f"objective.kl_weight must be >= 0, got {kl_weight}")
+        super().__init__()
         self.solver, self.kl_weight = solver, kl_weight
-        self.ref_policy = None
         self.guidance = 1.0
 
     # ---- set-up ----------------------------------------------------------------------
+    def check(self, cfg, grpo, sampler, strategy) -> list[str]:
+        """The trajectory settings it has no use for (`trajectory_settings_used`), then its own."""
+        return trajectory_settings_used(cfg, self.name) + self.check_settings(cfg)
+
     def check_settings(self, cfg) -> list[str]:
         """Why the training config asks this objective for what it cannot do, one line each (none by default)."""
         return []
+
+    def setup(self, policy, params, sampler, grpo, strategy, seed=0) -> None:
+        """Its KL reference (the policy as it starts), the sampler's CFG scale; `attach`."""
+        super().setup(policy, params, sampler, grpo, strategy, seed)
+        self.attach(policy, params, sampler.guidance, reference_policy(policy) if self.needs_reference else None)
 
     def attach(self, policy: nn.Module, params: Sequence[nn.Parameter], guidance: float, ref_policy=None) -> None:
         """Bind to the run's policy: its trainable parameters, the CFG scale, the KL reference."""
@@ -196,6 +219,17 @@ class ForwardObjective(ABC):
         return Samples(final=final, cond=cond, null_cond=null_cond, noise_levels=noise_levels,
                        levels=levels.to(final.device, final.dtype), noise=eps.to(final.device), forwards=calls)
 
+    def sample(self, policy, params, cond, null_cond, noise, generator, shard=(0, 1), index=0, sampler=None) -> Samples:
+        """`rollout` on the sampler's grid, then what it needs from the sampling policy (`prepare`)."""
+        sampler = sampler or self.sampler
+        samples = self.rollout(policy, params, cond, null_cond, noise, sampler.noise_levels(policy).to(noise.device),
+                               generator, shard)
+        return self.prepare(policy, samples.for_training(), off_policy=self.grpo.optimizer_steps_per_rollout > 1,
+                            micro_batch_size=self.grpo.micro_batch_size)
+
+    def weights(self, advantages: torch.Tensor) -> torch.Tensor:
+        return self.sample_weights(advantages, self.grpo.adv_clip_max)
+
     @abstractmethod
     def draw_levels(self, batch: int, noise_levels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(batch, K) training noise levels, taken from the rollout grid `noise_levels` (T + 1,)."""
@@ -225,7 +259,8 @@ class ForwardObjective(ABC):
         its statistics, and the policy forwards made without grad (frozen copies, reference)."""
 
     def backward(self, policy: nn.Module, params: Sequence[nn.Parameter], samples: Samples, weights: torch.Tensor,
-                 idx: torch.Tensor, scale: float = 1.0, on_policy: bool = True) -> tuple[dict, list[StepStats]]:
+                 idx: torch.Tensor, scale: float = 1.0, on_policy: bool = True, shard: tuple[int, int] = (0, 1),
+                 index: int = 0) -> tuple[dict, list[StepStats]]:
         """Accumulate scale * (mean over the K training states of the loss) into .grad, one
         backward per state (each its own graph: no graph outlives a swap of weights)."""
         per_state = []
@@ -239,15 +274,6 @@ class ForwardObjective(ABC):
         counts = {"backward_passes": num, "backward_items": num, "grad_forwards": num, "nograd_forwards": nograd,
                   "loss": sum(s.loss.item() for s in per_state) / num}
         return counts, per_state
-
-    def after_rollout(self, params: Sequence[nn.Parameter], optimizer_steps: int) -> None:
-        """Called once a rollout's optimizer steps are done (soft updates of frozen copies)."""
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 @contextmanager

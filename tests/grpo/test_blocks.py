@@ -52,33 +52,33 @@ def test_a_strategy_that_would_link_steps_across_blocks_is_refused(strategy, mes
 
 def _fixed(module, steps):
     """The module's objective over these fixed trained steps, nothing drawn."""
-    return type(module.objective)(loss=module.objective.loss, trained_steps=tuple(steps), guidance=module.objective.guidance)
+    return type(module.objective.loss)(loss=module.objective.loss.loss, trained_steps=tuple(steps), guidance=module.objective.loss.guidance)
 
 
 def test_a_micro_batch_trains_exactly_its_drawn_blocks_and_draws_the_same_on_a_rerun():
     module = make_module(num_steps=8, block_size=2, block_fraction=0.5)
     rollout, adv = rollout_and_advantages(module)
     idx = torch.arange(rollout.states.shape[0])
-    steps = module.objective.micro_batch_steps(rollout, module.block_generator(idx))
+    steps = module.objective.loss.micro_batch_steps(rollout, module.objective.block_generator(idx, module.rollouts_done))
     assert len(steps) == 4 and all(steps[i] % 2 == 0 and steps[i + 1] == steps[i] + 1 for i in (0, 2))
     got, stats = strategy_gradient(module, FullStrategy(), rollout, adv)
     assert stats["backward_items"] == 4
     assert torch.equal(got, strategy_gradient(module, FullStrategy(), rollout, adv)[0])  # same rollout, same draw
-    drawn = module.objective
-    module.objective = _fixed(module, steps)
+    drawn = module.objective.loss
+    module.objective.loss = _fixed(module, steps)
     assert torch.allclose(got, strategy_gradient(module, FullStrategy(), rollout, adv)[0])
-    module.objective = drawn
+    module.objective.loss = drawn
     # the next rollouts draw afresh, and micro-batches of one rollout draw apart
-    draws = {module.objective.micro_batch_steps(rollout, module.block_generator(idx))}
+    draws = {module.objective.loss.micro_batch_steps(rollout, module.objective.block_generator(idx, module.rollouts_done))}
     for r in range(1, 12):
         module.rollouts_done = r
-        draws.add(module.objective.micro_batch_steps(rollout, module.block_generator(idx)))
+        draws.add(module.objective.loss.micro_batch_steps(rollout, module.objective.block_generator(idx, module.rollouts_done)))
     assert len(draws) > 2
     module.rollouts_done = 0
-    halves = {module.objective.micro_batch_steps(rollout, module.block_generator(idx[i:])) for i in range(0, 8)}
+    halves = {module.objective.loss.micro_batch_steps(rollout, module.objective.block_generator(idx[i:], module.rollouts_done)) for i in range(0, 8)}
     assert len(halves) > 1
     with pytest.raises(ValueError, match="generator"):
-        module.objective.micro_batch_steps(rollout, None)
+        module.objective.loss.micro_batch_steps(rollout, None)
 
 
 def test_the_drawn_loss_averaged_over_every_draw_is_the_loss_of_every_block():
@@ -89,8 +89,8 @@ def test_the_drawn_loss_averaged_over_every_draw_is_the_loss_of_every_block():
     blocks = [(0, 1), (2, 3), (4, 5), (6, 7)]
     grads = []
     for a, b in itertools.combinations(blocks, 2):
-        module.objective = _fixed(module, a + b)
+        module.objective.loss = _fixed(module, a + b)
         grads.append(strategy_gradient(module, FullStrategy(), rollout, adv)[0])
-    module.objective = _fixed(module, range(8))
+    module.objective.loss = _fixed(module, range(8))
     every = strategy_gradient(module, FullStrategy(), rollout, adv)[0]
     assert torch.allclose(torch.stack(grads).mean(0), every, atol=1e-7, rtol=1e-5)

@@ -26,13 +26,13 @@ def test_backward_reports_one_loss_record_per_trained_step_and_the_first_value_w
     module, rollout, advantages = setting
     idx = torch.arange(rollout.states.shape[0])
     module.policy.zero_grad(set_to_none=True)
-    stats, steps = module.objective.backward(JaggStrategy(window=4, diagnose_every=1), module.policy, rollout,
+    stats, steps = module.objective.loss.backward(JaggStrategy(window=4, diagnose_every=1), module.policy, rollout,
                                              advantages, idx, params=module.trainable_parameters())
-    assert len(steps) == len(module.objective.trained_steps) and "grad_cosine" in stats
+    assert len(steps) == len(module.objective.loss.trained_steps) and "grad_cosine" in stats
     # on-policy the first evaluation of every step has ratio 1
     assert all(abs(s.ratio_mean.item() - 1) < 1e-5 for s in steps)
     record = {}
-    loss = module.objective.step_loss_fn(rollout, idx, advantages, record=record)
+    loss = module.objective.loss.step_loss_fn(rollout, idx, advantages, record=record)
     v = rollout.velocities[idx, 0]
     loss(0, v)
     loss(0, v + 1.0)  # a later evaluation of the same step does not replace the first
@@ -44,10 +44,10 @@ def test_the_gradient_phase_is_the_gradient_of_the_scaled_mean_loss(setting):
     module, rollout, advantages = setting
     idx = torch.arange(rollout.states.shape[0])
     module.policy.zero_grad(set_to_none=True)
-    module.objective.backward(FullStrategy(), module.policy, rollout, advantages, idx, scale=0.5)
+    module.objective.loss.backward(FullStrategy(), module.policy, rollout, advantages, idx, scale=0.5)
     half = flat_grad(module)
     module.policy.zero_grad(set_to_none=True)
-    module.objective.backward(FullStrategy(), module.policy, rollout, advantages, idx, scale=1.0)
+    module.objective.loss.backward(FullStrategy(), module.policy, rollout, advantages, idx, scale=1.0)
     assert torch.allclose(flat_grad(module), 2 * half, rtol=1e-5, atol=1e-8)
     module.policy.zero_grad(set_to_none=True)
 

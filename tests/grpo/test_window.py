@@ -42,9 +42,9 @@ def test_a_windowed_rollout_is_sde_inside_the_window_ode_around_it_and_trains_on
     got, stats = strategy_gradient(module, FullStrategy(), rollout, adv)
     assert stats["backward_items"] == 2
     # The same gradient from a fixed-step objective over steps 3 and 4 of the same rollout.
-    module.objective = type(module.objective)(loss=module.objective.loss, trained_steps=(3, 4), guidance=module.objective.guidance)
+    module.objective.loss = type(module.objective.loss)(loss=module.objective.loss.loss, trained_steps=(3, 4), guidance=module.objective.loss.guidance)
     unwindowed = type(rollout)(**{**rollout.__dict__, "trained_steps": None})
     assert torch.allclose(got, strategy_gradient(module, FullStrategy(), unwindowed, adv)[0])
-    module.objective = type(module.objective)(loss=module.objective.loss, trained_steps=(2, 3), guidance=module.objective.guidance)
+    module.objective.loss = type(module.objective.loss)(loss=module.objective.loss.loss, trained_steps=(2, 3), guidance=module.objective.loss.guidance)
     # step 2 was sampled by ODE: nothing recorded there (NaN), so the window must come from the rollout
     assert not torch.isfinite(strategy_gradient(module, FullStrategy(), unwindowed, adv)[0]).all()

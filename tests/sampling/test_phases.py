@@ -97,7 +97,6 @@ def test_module_trains_the_same_steps_with_an_ode_tail():
     base = make_module(guidance=3.0, num_steps=8, train_fraction=0.5)
     tailed = make_module(guidance=3.0, num_steps=8, train_fraction=0.5)
     tailed.sampler = SDESampler(num_steps=8, shift=3.0, guidance=3.0, tail_solver="euler", tail_steps=1)
-    tailed.ode_phases = tailed.sampler.ode_phases(tailed.trained_steps)
     sde, advantages = rollout_and_advantages(base)
     fast, _ = rollout_and_advantages(tailed)
     assert fast.forwards == 5 and sde.forwards == 8

@@ -54,7 +54,7 @@ def test_on_policy_ratio_is_one_at_training_batch_sizes(guidance):
     rollout, advantages = rollout_and_advantages(module)
     levels = rollout.noise_levels.tolist()
     for idx in torch.arange(rollout.states.shape[0]).split(4):
-        velocity_fn = module.objective.velocity_fn(module.policy, rollout, idx)
+        velocity_fn = module.objective.loss.velocity_fn(module.policy, rollout, idx)
         for k in range(rollout.num_steps):
             x = rollout.states[idx, k]
             with torch.no_grad():
@@ -68,15 +68,15 @@ def test_reference_means_are_computed_at_the_trained_steps_only():
     """With KL on, the reference policy runs only where GRPO trains (its means are NaN at the
     other steps), and there its means equal those of a rollout that evaluates it everywhere."""
     module = make_module(beta=0.04, train_fraction=0.5, guidance=3.0)
-    assert module.trained_steps == [0, 1, 2, 3]
+    assert module.objective.trained_steps == [0, 1, 2, 3]
     calls = []
-    hook = module.ref_policy.register_forward_hook(lambda *_: calls.append(1))
+    hook = module.objective.ref_policy.register_forward_hook(lambda *_: calls.append(1))
     rollout, _ = rollout_and_advantages(module)
     hook.remove()
-    assert len(calls) == len(module.trained_steps)  # one batched (CFG) reference call per trained step
+    assert len(calls) == len(module.objective.trained_steps)  # one batched (CFG) reference call per trained step
     trained, other = rollout.ref_means[:, :4], rollout.ref_means[:, 4:]
     assert torch.isfinite(trained).all() and torch.isnan(other).all()
-    module.trained_steps = list(range(8))
+    module.objective.trained_steps = list(range(8))
     everywhere, _ = rollout_and_advantages(module)
     assert torch.equal(everywhere.final, rollout.final)
     assert torch.allclose(everywhere.ref_means[:, :4], trained)

@@ -78,17 +78,17 @@ def test_full_strategy_equals_autograd_of_summed_loss(real):
     module, rollout, advantages, full, stats = real
     module.policy.zero_grad(set_to_none=True)
     idx = torch.arange(rollout.states.shape[0])
-    loss_fn = module.objective.step_loss_fn(rollout, idx, advantages, 1.0 / len(module.trained_steps))
-    velocity_fn = module.objective.velocity_fn(module.policy, rollout, idx)
+    loss_fn = module.objective.loss.step_loss_fn(rollout, idx, advantages, 1.0 / len(module.objective.trained_steps))
+    velocity_fn = module.objective.loss.velocity_fn(module.policy, rollout, idx)
     levels = rollout.noise_levels.tolist()
     total = sum(
         loss_fn(j, velocity_fn(rollout.states[:, k], torch.full((len(idx),), levels[k])))
-        for j, k in enumerate(module.trained_steps)
+        for j, k in enumerate(module.objective.trained_steps)
     )
     params = module.trainable_parameters()
     expected = torch.cat([g.flatten() for g in torch.autograd.grad(total, params)])
     assert rel_err(full, expected) < 1e-5
-    assert stats["backward_passes"] == len(module.trained_steps)
+    assert stats["backward_passes"] == len(module.objective.trained_steps)
 
 
 def test_jagg_w2_equals_full(real):
@@ -254,8 +254,8 @@ def test_subsample_trains_two_steps_per_window_rescaled(real):
     # fixed choice = window endpoints, each scaled by 4 / 2
     module.policy.zero_grad(set_to_none=True)
     idx = torch.arange(rollout.states.shape[0])
-    loss_fn = module.objective.step_loss_fn(rollout, idx, advantages, 2.0 / len(module.trained_steps))
-    velocity_fn = module.objective.velocity_fn(module.policy, rollout, idx)
+    loss_fn = module.objective.loss.step_loss_fn(rollout, idx, advantages, 2.0 / len(module.objective.trained_steps))
+    velocity_fn = module.objective.loss.velocity_fn(module.policy, rollout, idx)
     levels = rollout.noise_levels.tolist()
     full_backward(velocity_fn, [rollout.states[:, k] for k in (0, 3, 4, 7)], [levels[k] for k in (0, 3, 4, 7)],
                   lambda j, v: loss_fn((0, 3, 4, 7)[j], v))

@@ -48,7 +48,7 @@ def test_sd3_flux_adapters_disabled_is_the_base_model_and_the_kl_reference(kind)
     with torch.no_grad():
         before = policy(x, s, cond)
     module = make_module(guidance=4.5, beta=0.05, num_steps=4, policy=policy)
-    assert isinstance(module.ref_policy, AdaptersOff)  # no second copy of the model
+    assert isinstance(module.objective.ref_policy, AdaptersOff)  # no second copy of the model
     rollout, advantages = rollout_and_advantages(module)
     assert rollout.ref_means is not None
     # on-policy at init: the reference is the policy itself, so KL is zero

@@ -96,7 +96,7 @@ def test_sd3_full_finetune_without_lora_trains_float32_transformer():
         with policy.adapters_disabled():
             pass
     module = make_module(beta=0.05, num_steps=2, policy=policy)  # KL reference: a frozen copy
-    assert module.ref_policy is not policy and module.ref_policy._frozen is policy._frozen  # VAE/encoder shared
+    assert module.objective.ref_policy is not policy and module.objective.ref_policy._frozen is policy._frozen  # VAE/encoder shared
 
 
 # ---- errors name the bad key --------------------------------------------------------------------
