@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import signal
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from jagg_lab.rundir import resume_command, run_summary
-
 __all__ = ["STOPPING", "PLAN", "plan_jobs", "planned_jobs", "job_parts", "job_status", "sweep_report", "sweep_stopping",
-           "mark_sweep_stopping", "stopping_signal", "in_local_sweep", "idle_worker_ignores_signals", "stop_on_signal", "main"]
+           "mark_sweep_stopping", "stopping_signal", "in_local_sweep", "idle_worker_ignores_signals", "stop_on_signal", "main",
+           "parent_ended", "leave_when_orphaned", "job_running"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,52 @@ def in_local_sweep() -> bool:
         return False
     hydra_cfg = HydraConfig.get()
     return hydra_cfg.mode == RunMode.MULTIRUN and str(hydra_cfg.launcher.get("_target_", "")).endswith("jagg_lab_launcher.LocalLauncher")
+
+
+def parent_ended() -> bool:
+    """Whether this process was started by multiprocessing (a sweep's worker) and the process
+    that started it has ended. Its sentinel says so where multiprocessing keeps one (fork, spawn,
+    forkserver, whose children have the fork server as their parent id); a loky worker (Hydra's
+    joblib launcher) has none, and is handed to another parent when its own ends."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return False
+    if parent.sentinel is not None:
+        return not parent.is_alive()
+    return os.getppid() != parent.pid
+
+
+_JOBS = {"running": False, "watching": False}  # this worker process: is a job running, is the orphan watch on
+
+
+def leave_when_orphaned(poll_s: float = 2.0) -> None:
+    """In a sweep's worker: once the sweep's process has ended, end this process as soon as no job
+    runs in it (a running job stops by itself, `SafeStop`). Without this, a worker idle when the
+    sweep was killed, or whose job finished after, waits for work that never comes. Started once."""
+    if _JOBS["watching"] or multiprocessing.parent_process() is None:
+        return
+    _JOBS["watching"] = True
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if not _JOBS["running"] and parent_ended():
+                log.warning("the sweep that started this worker has ended: the worker exits")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sweep-orphan-watch", daemon=True).start()
+
+
+@contextmanager
+def job_running() -> Iterator[None]:
+    """Marks a job as running in this process (`leave_when_orphaned` waits for it)."""
+    _JOBS["running"] = True
+    try:
+        yield
+    finally:
+        _JOBS["running"] = False
 
 
 def _swallow(signum, frame) -> None:
@@ -119,6 +168,8 @@ def job_status(run_dir: Path, overrides: Sequence[str], error: BaseException | N
     """One line on a sweep job: finished, stopped or killed with the command that goes on (from its
     latest part's checkpoints/last.ckpt into the next part, RUN_resumedK), failed (`error`, what the
     job raised) or never started (with the command that starts it)."""
+    from jagg_lab.rundir import resume_command, run_summary  # not at import: a sweep's worker imports this first
+
     if error is not None:
         return f"{run_dir}: failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     parts = job_parts(run_dir)

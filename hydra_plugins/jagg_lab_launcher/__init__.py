@@ -49,10 +49,10 @@ class LocalLauncher(JoblibLauncher):
                 broken = err
         errors = {initial_job_idx + i: run.return_value for i, run in enumerate(runs) if run.status == JobStatus.FAILED}
         sweep_report(sweep_dir, errors)
-        if broken is not None:
+        if broken is not None:  # e.g. a signal reached a worker still starting, before it could take it
             log.error("the sweep ended early: %s: %s; the lines above (and %s) say how each job goes on",
                       type(broken).__name__, broken, sweep_dir / "jobs.txt")
-            sys.exit(1)
+            sys.exit(128 + stopped[0] if stopped else 1)
         if stopped:
             sys.exit(128 + stopped[0])  # the shell's convention: the sweep was ended by a signal
         return runs

@@ -32,25 +32,14 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from jagg_lab.sweeps import parent_ended
+
 __all__ = ["SafeStop", "parent_ended"]
 
 log = logging.getLogger(__name__)
 
 # SIGHUP, where the platform has it, as SIGTERM: a laptop run most often dies by its terminal closing
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
-
-
-def parent_ended() -> bool:
-    """Whether this process was started by multiprocessing (a sweep's worker) and the process
-    that started it has ended. Its sentinel says so where multiprocessing keeps one (fork, spawn,
-    forkserver, whose children have the fork server as their parent id); a loky worker (Hydra's
-    joblib launcher) has none, and is handed to another parent when its own ends."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return False
-    if parent.sentinel is not None:
-        return not parent.is_alive()
-    return os.getppid() != parent.pid
 
 
 class SafeStop(Callback):
