@@ -16,7 +16,10 @@ re-measured or re-derived here beyond formatting. A new measurement: re-run the 
 writes the file, then this script; `tests/test_render_tables.py` fails while a committed table
 differs from what this script renders.
 
-Only the standard library is used, so the check runs in a fraction of a second.
+The README's one figure (`docs/figures/gain_vs_step_time.png`) is drawn from the same files;
+what it draws is kept beside it as JSON, and `--check` compares that with the files like a table.
+The check uses only the standard library (matplotlib draws the figure, imported only then), so
+it runs in a fraction of a second.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["TABLES", "render", "stale", "markdown_files", "main"]
+__all__ = ["TABLES", "render", "stale", "stale_figure", "figure_data", "draw_figure", "markdown_files", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 RESULTS = "experiments/results"
@@ -124,38 +127,115 @@ def _paired_z(name: str, paired: dict[str, dict]) -> str:
     return f"{row['strict_gain'] / row['strict_gain_se']:+.1f}" if row["strict_gain_se"] > 0 else "n/a"
 
 
+def _linked(title: str, target: str) -> str:
+    return f"[{title}]({target})"
+
+
 def strategies(doc_dir: str = "") -> str:
-    """The README's table: per strategy, backward items, gradient-phase and whole-step seconds as
-    ratios to `full`; the held-out strict gain over the base on counting (where the gain is, the
-    benchmark's grading) and on every category (mean +- std over training seeds), each with its
-    distance to `full`'s in `full`'s seed std, and the paired per-sample test against `full` on
-    counting; every number links to its evidence."""
+    """The README's strategy table: per strategy, backward items, gradient-phase and whole-step
+    seconds as ratios to `full`; the held-out strict gain over the base on counting (where the gain
+    is, the benchmark's grading) with the paired per-sample test against `full`, and on every
+    category (mean +- std over training seeds). The cells hold numbers only; each column's header
+    links to the document that holds its evidence."""
     learns = f"{doc_dir}{TRAINING_DOC}#which-strategy-learns-unbiased-jagg-subsampling-and-full-over-seeds"
     pick = f"{doc_dir}{TRAINING_DOC}#which-strategy-should-i-use"
     graded = f"{doc_dir}{LEARNING_DOC}#the-strategy-table-graded-on-counting"
-    step_doc = f"{doc_dir}{WHOLE_STEP_DOC}"
     whole = whole_step_ratios()
     graded_file = _load(COUNTING)
     by_category = {arm["arm"]: arm for arm in graded_file["arms"]}
     paired = {r["arm"]: r for r in graded_file["paired"]}
-    lines = _header(["strategy", "backward items / step (x `full`)", "gradient-phase s (x `full`)",
-                     "whole-step s (x `full`)", "strict gain on counting (seeds)", "vs `full` (its seed std)",
-                     "paired z vs `full`", "strict gain, all categories (seeds)", "vs `full` (its seed std)"])
+    lines = _header(["strategy", _linked("backward items / step (x `full`)", learns),
+                     _linked("gradient-phase s (x `full`)", learns), _linked("whole-step s (x `full`)", f"{doc_dir}{WHOLE_STEP_DOC}"),
+                     _linked("strict gain on counting (seeds)", graded), _linked("paired z vs `full`", graded),
+                     _linked("strict gain, all categories (seeds)", pick)])
     for name in README_ARMS:
         arm, _ = _choice_arm(name)
-        cost = pick if name.startswith("jagg_causal") else learns  # the causal arms' own timing is argued there
-        step = f"[{whole[name][0]:.2f}]({step_doc})" if name in whole else f"[n/m]({step_doc})"
-        vs = "0" if name == "full" else f"{arm['strict_vs_reference_in_std']:+.1f}"
         count = by_category[name]
-        count_vs = "0" if name == "full" else f"{count['strict_vs_reference_in_std']:+.1f}"
-        z = _paired_z(name, paired)
-        lines.append(_row([_bold(f"`{name}`", name == RECOMMENDED),
-                           f"[{arm['items_per_step']:g} ({arm['items_vs_reference']:.2f})]({cost})",
-                           f"[{arm['time_vs_reference']:.2f}]({cost})", step,
-                           f"[{_gain(count)}]({graded}) ({count['seeds']})", f"[{count_vs}]({graded})",
-                           f"[{z}]({graded})" if z != "-" else z,
-                           f"[{_gain(arm)}]({pick}) ({arm['seeds']})", f"[{vs}]({pick})"]))
+        lines.append(_row([_bold(f"`{name}`", name == RECOMMENDED), f"{arm['items_per_step']:g} ({arm['items_vs_reference']:.2f})",
+                           f"{arm['time_vs_reference']:.2f}", f"{whole[name][0]:.2f}" if name in whole else "n/m",
+                           f"{_gain(count)} ({count['seeds']})", _paired_z(name, paired), f"{_gain(arm)} ({arm['seeds']})"]))
     return "\n".join(lines)
+
+
+def readme_objectives(doc_dir: str = "") -> str:
+    """The README's objectives table: each arm's whole-step seconds (x `full`) and its strict gain
+    on counting and on every category, each with the paired test against `full`; numbers only in
+    the cells, the evidence linked from the headers."""
+    everything, graded = _load(f"{OBJECTIVES}/all/choice.json"), _load(f"{OBJECTIVES}/counting/choice.json")
+    by_category = {arm["arm"]: arm for arm in graded["arms"]}
+    paired = {key: {r["arm"]: r for r in result["paired"]} for key, result in (("all", everything), ("counting", graded))}
+    compare = f"{doc_dir}docs/objectives.md#how-they-compare"
+    lines = _header(["arm", _linked("whole-step s (x `full`)", compare), _linked("strict gain on counting", compare),
+                     _linked("paired z vs `full`", compare), _linked("strict gain, all categories", compare),
+                     _linked("paired z vs `full`", compare)])
+    for arm in everything["arms"]:
+        name, seconds = arm["arm"], arm.get("step_s_per_step")
+        lines.append(_row([_bold(f"`{name}`", name == "awm"),
+                           "-" if seconds is None else f"{seconds:.2f} ({arm['time_vs_reference']:.2f})",
+                           _gain(by_category[name]), _paired_z(name, paired["counting"]),
+                           _gain(arm), _paired_z(name, paired["all"])]))
+    return "\n".join(lines)
+
+
+# ---- README: the one figure --------------------------------------------------------------
+FIGURE = "docs/figures/gain_vs_step_time"  # .json (what is drawn, checked like the tables) and .png
+
+
+def figure_data() -> dict:
+    """What the README's figure draws: every strategy and objective arm's whole-step seconds as a
+    ratio to `full`'s (strategies: `bench step` reports, objectives: their own `bench step` run) and
+    its per-seed strict gains over the base on the verdict set's counting samples."""
+    whole = whole_step_ratios()
+    arms = []
+    for kind, path in (("strategy", COUNTING), ("objective", f"{OBJECTIVES}/counting/choice.json")):
+        for arm in _load(path)["arms"]:
+            name = arm["arm"]
+            if kind == "strategy":
+                ratio = whole[name][0] if name in whole else None
+            else:
+                ratio = arm["time_vs_reference"] if arm.get("step_s_per_step") else None
+            if ratio is None or any(a["arm"] == name for a in arms):
+                continue  # not timed as a whole step, or already drawn (full, subsample_w6 are in both)
+            arms.append({"arm": name, "kind": kind, "whole_step_vs_full": round(ratio, 4),
+                         "strict_gains": [round(r["strict_gain"], 6) for r in arm["runs"]],
+                         "strict_gain_mean": round(arm["strict_gain_mean"], 6), "strict_gain_std": round(arm["strict_gain_std"], 6)})
+    return {"reads": [COUNTING, f"{OBJECTIVES}/counting/choice.json", STEP_DIR], "arms": arms}
+
+
+def draw_figure(data: dict, path: Path) -> None:
+    """Counting gain against whole-step time, each arm's seeds as dots and its mean +- std as a bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for arm in data["arms"]:
+        x, color = arm["whole_step_vs_full"], "tab:red" if arm["kind"] == "objective" else "tab:blue"
+        ax.scatter([x] * len(arm["strict_gains"]), arm["strict_gains"], s=10, color=color, alpha=0.35)
+        ax.errorbar(x, arm["strict_gain_mean"], yerr=arm["strict_gain_std"], fmt="o", color=color, capsize=3)
+        ax.annotate(arm["arm"], (x, arm["strict_gain_mean"]), textcoords="offset points", xytext=(5, 3), fontsize=7)
+    ax.axhline(0, color="grey", linewidth=0.6)
+    ax.set_xlabel("whole training step, seconds (x full's)")
+    ax.set_ylabel("held-out strict gain on counting")
+    ax.set_title("100 steps from the shipped base: gain (seeds, mean +- std) against step time", fontsize=9)
+    ax.scatter([], [], color="tab:blue", label="gradient strategies (GRPO trajectory)")
+    ax.scatter([], [], color="tab:red", label="objectives table (AWM, NFT, the peers' SDE windows)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def stale_figure(root: Path = ROOT) -> list[str]:
+    """A diff if the committed figure's data differ from what the result files give (or it is missing)."""
+    committed = root / f"{FIGURE}.json"
+    new = json.dumps(figure_data(), indent=1) + "\n"
+    old = committed.read_text() if committed.is_file() else ""
+    if new == old and (root / f"{FIGURE}.png").is_file():
+        return []
+    return ["".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"{FIGURE}.json (committed)",
+                                         f"{FIGURE}.json (rendered)", n=0)) or f"{FIGURE}.png is missing\n"]
 
 
 def counting() -> str:
@@ -320,7 +400,7 @@ def paper_step() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"strategies": strategies, "should_use": should_use, "choice": choice, "equal_time": equal_time, "counting": counting,
+TABLES = {"strategies": strategies, "readme_objectives": readme_objectives, "should_use": should_use, "choice": choice, "equal_time": equal_time, "counting": counting,
           "quality": quality, "speed": speed, "step_tails": step_tails, "objectives": objectives,
           "bias_map": bias_map, "paper_step": paper_step, "routing_windows": routing_windows}
 
@@ -339,7 +419,7 @@ def render(text: str, path: Path, root: Path = ROOT) -> str:
         name = match["name"]
         if name not in TABLES:
             raise KeyError(f"{path}: unknown table {name!r}; known: {sorted(TABLES)}")
-        body = TABLES[name](prefix) if name == "strategies" else TABLES[name]()
+        body = TABLES[name](prefix) if name in ("strategies", "readme_objectives") else TABLES[name]()
         return f"<!-- table:{name} -->\n{body}\n<!-- /table -->"
 
     return MARKER.sub(replace, text)
@@ -364,12 +444,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", type=Path, help="Markdown files inside the repository (default: README.md, docs/**/*.md)")
     args = parser.parse_args(argv)
     paths = [p.resolve() for p in args.files] or markdown_files()
-    diffs = stale(paths)
+    diffs = stale(paths) + (stale_figure() if not args.files else [])
     if args.check:
         sys.stdout.write("".join(diffs))
         if diffs:
-            sys.stderr.write(f"render_tables: {len(diffs)} file(s) hold stale tables; run python experiments/render_tables.py\n")
+            sys.stderr.write(f"render_tables: {len(diffs)} file(s) hold stale tables or figure data; run python experiments/render_tables.py\n")
         return 1 if diffs else 0
+    if not args.files and stale_figure():
+        (ROOT / FIGURE).parent.mkdir(parents=True, exist_ok=True)
+        data = figure_data()
+        (ROOT / f"{FIGURE}.json").write_text(json.dumps(data, indent=1) + "\n")
+        draw_figure(data, ROOT / f"{FIGURE}.png")
+        sys.stdout.write(f"rendered {FIGURE}.png\n")
     for path in paths:
         text = path.read_text()
         new = render(text, path)

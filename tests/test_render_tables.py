@@ -22,28 +22,64 @@ def test_committed_tables_are_current():
     assert not diffs, "stale tables; run python experiments/render_tables.py\n" + "".join(diffs)
 
 
-def test_readme_holds_the_strategy_table_with_linked_numbers():
+def _table(text: str, name: str) -> list[str]:
+    return text.split(f"<!-- table:{name} -->\n", 1)[1].split("<!-- /table -->", 1)[0].strip().splitlines()
+
+
+def test_readme_holds_the_strategy_table_with_numbers_in_its_cells_and_evidence_in_its_headers():
     text = (REPO / "README.md").read_text()
-    table = text.split("<!-- table:strategies -->\n", 1)[1].split("<!-- /table -->", 1)[0]
-    rows = table.strip().splitlines()[2:]
+    table = _table(text, "strategies")
+    rows = table[2:]
     assert [r.split("|")[1].strip().strip("*`") for r in rows] == rt.README_ARMS
+    assert not any("](" in row for row in rows)  # cells free of links
+    assert "[backward items / step (x `full`)](docs/results/training.md#" in table[0]
     subsample = next(r for r in rows if "subsample_w6" in r)
     choice = {a["arm"]: a for a in json.loads((REPO / rt.CHOICE).read_text())["arms"]}["subsample_w6"]
     assert f"{choice['strict_gain_mean']:+.3f} +- {choice['strict_gain_std']:.3f}" in subsample
-    assert "[6 (0.50)](docs/results/training.md#" in subsample
+    assert "| 6 (0.50) |" in subsample
     # the grading with power: each arm on the verdict set's counting samples, with its paired z against full
     counting = json.loads((REPO / rt.COUNTING).read_text())
     arm = {a["arm"]: a for a in counting["arms"]}["subsample_w6"]
     paired = {p["arm"]: p for p in counting["paired"]}["subsample_w6"]
-    assert f"[{arm['strict_gain_mean']:+.3f} +- {arm['strict_gain_std']:.3f}](docs/results/learning.md#" in subsample
-    assert f"[{paired['strict_gain'] / paired['strict_gain_se']:+.1f}](docs/results/learning.md#" in subsample
+    assert f"{arm['strict_gain_mean']:+.3f} +- {arm['strict_gain_std']:.3f}" in subsample
+    assert f"| {paired['strict_gain'] / paired['strict_gain_se']:+.1f} |" in subsample
+    assert "[strict gain on counting (seeds)](docs/results/learning.md#" in table[0]
 
 
-def test_readme_holds_the_objectives_table_on_the_whole_step_clock():
+def test_readme_holds_the_objectives_table_and_the_figure_of_what_the_result_files_say():
+    text = (REPO / "README.md").read_text()
+    table = _table(text, "readme_objectives")
+    rows = {r.split("|")[1].strip().strip("*`"): r for r in table[2:]}
+    assert list(rows) == ["full", "subsample_w6", "awm", "nft", "flow_grpo_fast", "mixgrpo"]
+    assert not any("](" in row for row in rows.values())
+    result = json.loads((REPO / rt.OBJECTIVES / "all" / "choice.json").read_text())
+    awm = {a["arm"]: a for a in result["arms"]}["awm"]
+    assert f"{awm['step_s_per_step']:.2f} ({awm['time_vs_reference']:.2f})" in rows["awm"]
+    assert f"{awm['strict_gain_mean']:+.3f} +- {awm['strict_gain_std']:.3f}" in rows["awm"]
+    assert "](docs/figures/gain_vs_step_time.png)" in text
+    data = json.loads((REPO / f"{rt.FIGURE}.json").read_text())
+    drawn = {a["arm"]: a for a in data["arms"]}
+    assert {"full", "subsample_w6", "jagg_w4", "awm", "nft"} <= set(drawn)
+    counting = {a["arm"]: a for a in json.loads((REPO / rt.COUNTING).read_text())["arms"]}
+    assert drawn["jagg_w4"]["strict_gains"] == [round(r["strict_gain"], 6) for r in counting["jagg_w4"]["runs"]]
+
+
+def test_the_figure_check_fails_when_its_data_are_edited(tmp_path):
+    (tmp_path / rt.FIGURE).parent.mkdir(parents=True)
+    (tmp_path / f"{rt.FIGURE}.png").write_bytes((REPO / f"{rt.FIGURE}.png").read_bytes())
+    data = rt.figure_data()
+    (tmp_path / f"{rt.FIGURE}.json").write_text(json.dumps(data, indent=1) + "\n")
+    assert rt.stale_figure(tmp_path) == []
+    data["arms"][0]["strict_gain_mean"] += 0.01
+    (tmp_path / f"{rt.FIGURE}.json").write_text(json.dumps(data, indent=1) + "\n")
+    assert len(rt.stale_figure(tmp_path)) == 1
+
+
+def test_the_objectives_document_holds_the_objectives_table_on_the_whole_step_clock():
     """The recommendation's evidence: AWM beside `full`, `subsample_w6` and the peers' step
     schedules, each number from experiments/results/objectives/ (strategy_choice on the
     whole-step clock)."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "objectives.md").read_text()
     table = text.split("<!-- table:objectives -->\n", 1)[1].split("<!-- /table -->", 1)[0]
     rows = {r.split("|")[1].strip().strip("`"): r for r in table.strip().splitlines()[2:]}
     assert list(rows) == ["full", "subsample_w6", "awm", "nft", "flow_grpo_fast", "mixgrpo"]
@@ -102,4 +138,4 @@ def test_a_step_report_timing_full_fills_the_whole_step_column(tmp_path, monkeyp
     assert ratios["subsample_w6"] == (0.75, f"{rt.STEP_DIR}/default.json")
     monkeypatch.setattr(rt, "ROOT", REPO)  # the choice files stay the repository's
     monkeypatch.setattr(rt, "whole_step_ratios", lambda: ratios)
-    assert "[0.75](docs/results/whole_step.md)" in rt.strategies()
+    assert "| 0.75 |" in rt.strategies()
