@@ -25,7 +25,6 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
-from jagg_lab.checkpointing import rng_state, set_rng_state
 from jagg_lab.grpo import GRPOConfig, StepStats, rollout_advantages
 from jagg_lab.objectives import Objective, TrajectoryGRPO
 from jagg_lab.policies.reference import AdaptersOff
@@ -36,12 +35,13 @@ from jagg_lab.sharding import export_weights, gather_for_passes, memory_mib, res
 from jagg_lab.strategies import GradientStrategy
 from jagg_lab.strategies.core import combine_stats
 from jagg_lab.types import Rollout
+from jagg_lab.updates import StepUpdate
 
 __all__ = ["GRPOModule", "AdaptersOff"]
 
 log = logging.getLogger(__name__)
 
-class GRPOModule(ProcessWiring, L.LightningModule):
+class GRPOModule(ProcessWiring, StepUpdate, L.LightningModule):
     """policy: a VelocityPolicy. sampler: SDESampler. reward: a Reward. strategy: a
     GradientStrategy. grpo: GRPOConfig. optimizer: a partial optimizer (params -> Optimizer).
     group_size: samples per prompt. seed: drives rollout noise (per step, so resume is exact).
@@ -129,16 +129,9 @@ class GRPOModule(ProcessWiring, L.LightningModule):
 
     def initial_noise(self, rows: int, generator: torch.Generator) -> torch.Tensor:
         """This rank's rows of the rollout's initial noise: one draw per sample, or with
-        sampler.group_noise one per prompt group, shared by its group_size consecutive rows."""
-        shape = tuple(self.policy.sample_shape)
-        if not self.sampler.group_noise:
-            return shard_noise((rows, *shape), generator, self.shard, self.device)
-        rank, world = self.shard
-        total = rows * world
-        if total % self.group_size:
-            raise ValueError(f"sampler.group_noise: {total} rows are not whole groups of {self.group_size}")
-        groups = torch.randn((total // self.group_size, *shape), generator=generator)
-        return groups.repeat_interleave(self.group_size, 0)[rank * rows:(rank + 1) * rows].to(self.device)
+        sampler.group_noise one per prompt group (see shard_noise)."""
+        return shard_noise((rows, *self.policy.sample_shape), generator, self.shard, self.device,
+                           group=self.group_size if self.sampler.group_noise else None)
 
     def rollout_generator(self, index: int | None = None) -> torch.Generator:
         """The noise of rollout `index` (default `rollouts_done`) of this run: a resumed or re-run step draws the same."""
@@ -169,31 +162,6 @@ class GRPOModule(ProcessWiring, L.LightningModule):
         gather_for_passes(self.policy)  # FSDP: the one all-gather; the passes communicate nothing
         return combine_stats([self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy)
                               for idx in chunk.split(self.grpo.micro_batch_size)])
-
-    def step_means(self) -> dict[str, float]:
-        """The optimizer step's loss statistics, averaged over every rank's micro-batches."""
-        return {name: metric.compute().item() for name, metric in self.step_metrics.items()}
-
-    def apply_update(self, opt, finite_rewards: bool) -> float:
-        """Clip and step, unless the reward, loss or gradient is non-finite; returns the grad norm."""
-        grad_norm, losses_finite = math.nan, True
-        if finite_rewards:  # the same on every rank: rewards are gathered before this
-            self.sync_gradients()
-            max_norm = self.grpo.max_grad_norm or math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm).item()
-            losses_finite = all(math.isfinite(value) for value in self.step_means().values())
-        if finite_rewards and math.isfinite(grad_norm) and losses_finite:
-            opt.step()
-            if self.ema is not None:
-                self.ema.update_parameters(self.policy)
-            self.bad_steps_in_a_row = 0
-        else:
-            self.skipped_steps += 1
-            self.bad_steps_in_a_row += 1
-            log.warning("non-finite reward, loss or gradient at step %d: optimizer step skipped (%d in a row)",
-                        self.global_step, self.bad_steps_in_a_row)
-        opt.zero_grad(set_to_none=True)
-        return grad_norm
 
     # ---- the GRPO step -------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> None:
@@ -278,20 +246,3 @@ class GRPOModule(ProcessWiring, L.LightningModule):
             export_weights(self.policy, self.run_dir / "policy.safetensors")
             if self.ema is not None:
                 export_weights(self.ema.module, self.run_dir / "policy_ema.safetensors")
-
-    # ---- exact resume: counters that are not parameters ------------------------------
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint.update(rollouts_done=self.rollouts_done, skipped_steps=self.skipped_steps,
-                          strategy=self.strategy.state_dict(), rng=rng_state(), objective=self.objective.state_dict())
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.rollouts_done = checkpoint["rollouts_done"]
-        self.skipped_steps = checkpoint["skipped_steps"]
-        self.strategy.load_state_dict(checkpoint["strategy"])
-        set_rng_state(checkpoint["rng"])
-        self.objective.load_state_dict(checkpoint.get("objective", {}))
-        # Checkpoints written while the KL reference was a submodule hold its weights: the reference
-        # is the policy as the run started, rebuilt by the objective, so they are dropped.
-        state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith("ref_policy.")]:
-            del state[key]

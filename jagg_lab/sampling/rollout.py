@@ -21,18 +21,26 @@ def shard_noise(
     shard: tuple[int, int] = (0, 1),
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    group: int | None = None,
 ) -> torch.Tensor:
     """Standard normal noise for one process's rows of a batch split across processes.
 
     shape is this process's (B, *X); shard = (rank, world_size). The noise of the whole
     (world_size * B) batch is drawn and this rank's contiguous rows are kept, so a sample's
     noise depends only on the generator and its global row: ranks never share noise, and
-    a 2-process run samples exactly what a 1-process run of the same global batch does.
+    a 2-process run samples exactly what a 1-process run of the same global batch does. With
+    `group` (sampler.group_noise): one draw per group of `group` consecutive global rows, shared by them.
     """
     rank, world = shard
     if not 0 <= rank < world:
         raise ValueError(f"shard rank {rank} is outside a world of {world} processes")
-    full = torch.randn((world * shape[0], *shape[1:]), generator=generator, dtype=dtype)
+    total = world * shape[0]
+    if group is None:
+        full = torch.randn((total, *shape[1:]), generator=generator, dtype=dtype)
+    elif total % group:
+        raise ValueError(f"sampler.group_noise: {total} rows are not whole groups of {group}")
+    else:
+        full = torch.randn((total // group, *shape[1:]), generator=generator, dtype=dtype).repeat_interleave(group, 0)
     return full[rank * shape[0]:(rank + 1) * shape[0]].to(device)
 
 
