@@ -265,7 +265,10 @@ def test_ctrl_c_or_a_hangup_of_a_local_sweep_stops_every_job_cleanly_and_says_wh
             os.killpg(parent.pid, signal.SIGKILL)
     assert parent.returncode == 128 + signum, err[-3000:]
     lines = (sweep / "jobs.txt").read_text().splitlines()
-    assert len(lines) == 3 and lines[n_jobs:] == [f"{sweep / str(j)}: never started" for j in range(n_jobs, 3)], lines
+    assert len(lines) == 3, lines
+    for j, line in enumerate(lines[n_jobs:], n_jobs):  # with the command that starts it
+        assert line.startswith(f"{sweep / str(j)}: never started; next: python -m jagg_lab.train ") and \
+            line.endswith(f"seed={j} trainer.max_steps=100000 hydra.run.dir={sweep / str(j)}"), line
     for job, line in zip(running, lines):
         run = sweep / job
         summary = json.loads((run / "summary.json").read_text())
