@@ -41,6 +41,13 @@ __all__ = ["GRPOModule", "AdaptersOff"]
 
 log = logging.getLogger(__name__)
 
+
+def _objectives(name: str, doc: str) -> property:
+    """A module attribute that is the objective's: read from it and set on it."""
+    return property(lambda self: getattr(self.objective, name), lambda self, value: setattr(self.objective, name, value),
+                    doc=doc)
+
+
 class GRPOModule(ProcessWiring, StepUpdate, L.LightningModule):
     """policy: a VelocityPolicy. sampler: SDESampler. reward: a Reward. strategy: a
     GradientStrategy. grpo: GRPOConfig. optimizer: a partial optimizer (params -> Optimizer).
@@ -78,23 +85,8 @@ class GRPOModule(ProcessWiring, StepUpdate, L.LightningModule):
         self.step_metrics = nn.ModuleDict({name: MeanMetric() for name in StepStats.__dataclass_fields__})
         self.rollouts_done = self.bad_steps_in_a_row = self.skipped_steps = 0
 
-    @property
-    def sampler(self) -> SDESampler:
-        """The run's sampler (the objective samples with it)."""
-        return self.objective.sampler
-
-    @sampler.setter
-    def sampler(self, sampler: SDESampler) -> None:
-        self.objective.sampler = sampler
-
-    @property
-    def strategy(self) -> GradientStrategy:
-        """The gradient strategy the objective pushes its losses through (the trajectory objective's)."""
-        return self.objective.strategy
-
-    @strategy.setter
-    def strategy(self, strategy: GradientStrategy) -> None:
-        self.objective.strategy = strategy
+    sampler = _objectives("sampler", "The run's sampler (the objective samples with it).")
+    strategy = _objectives("strategy", "The gradient strategy the objective pushes its losses through (the trajectory objective's).")
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]

@@ -145,14 +145,14 @@ def plan_jobs(sweep_dir: Path, jobs: dict[int, tuple[str, Sequence[str]]]) -> No
     tmp.replace(path)
 
 
-def planned_jobs(sweep_dir: Path) -> list[tuple[Path, list[str]]]:
-    """The jobs `plan_jobs` recorded: each one's directory (under `sweep_dir`) and overrides."""
+def planned_jobs(sweep_dir: Path) -> dict[int, tuple[Path, list[str]]]:
+    """The jobs `plan_jobs` recorded, by job number: each one's directory (under `sweep_dir`) and overrides."""
     path = Path(sweep_dir) / PLAN
     if not path.is_file():
         raise FileNotFoundError(f"{sweep_dir} is not a local sweep's directory (no {PLAN}; the sweeps of "
                                 "hydra/launcher=local write it when they start)")
     plan = json.loads(path.read_text())
-    return [(Path(sweep_dir) / plan[k]["dir"], list(plan[k]["overrides"])) for k in sorted(plan, key=int)]
+    return {int(k): (Path(sweep_dir) / plan[k]["dir"], list(plan[k]["overrides"])) for k in sorted(plan, key=int)}
 
 
 def job_parts(run_dir: Path) -> list[Path]:
@@ -194,10 +194,10 @@ def job_status(run_dir: Path, overrides: Sequence[str], error: BaseException | N
 
 
 def sweep_report(sweep_dir: Path, errors: dict[int, BaseException] | None = None, write: bool = True) -> list[str]:
-    """One line per planned job (`job_status`; `errors`: what jobs raised, by their place in the
-    plan), logged and, with `write`, written to SWEEP_DIR/jobs.txt."""
+    """One line per planned job (`job_status`; `errors`: what jobs raised, by job number), logged
+    and, with `write`, written to SWEEP_DIR/jobs.txt."""
     errors = errors or {}
-    lines = [job_status(run_dir, overrides, errors.get(i)) for i, (run_dir, overrides) in enumerate(planned_jobs(sweep_dir))]
+    lines = [job_status(run_dir, overrides, errors.get(num)) for num, (run_dir, overrides) in planned_jobs(sweep_dir).items()]
     if write:
         (Path(sweep_dir) / "jobs.txt").write_text("\n".join(lines) + "\n")
     for line in lines:

@@ -135,7 +135,7 @@ def test_a_sweep_killed_at_a_random_point_resumes_every_job_to_the_uninterrupted
     assert sorted(run.config["seed"] for run in runs) == [0, 1, 2]  # one run per job, resumed parts joined
     for run in runs:
         pd.testing.assert_frame_equal(comparable(run), straight[run.config["seed"]], check_dtype=False, check_exact=True)
-    for run_dir, _ in planned_jobs(sweep_dir):
+    for run_dir, _ in planned_jobs(sweep_dir).values():
         lasts = [part / "checkpoints" / "last.ckpt" for part in job_parts(run_dir) if (part / "checkpoints" / "last.ckpt").is_file()]
         final = [last for last in lasts if torch.load(last, map_location="cpu", weights_only=True)["global_step"] == STEPS]
         assert final == [job_parts(run_dir)[-1] / "checkpoints" / "last.ckpt"], lasts
