@@ -25,7 +25,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
-from jagg_lab.grpo import GRPOConfig, StepStats, rollout_advantages
+from jagg_lab.grpo import GRPOConfig, StepStats, expand_groups, rollout_advantages
 from jagg_lab.objectives import Objective, TrajectoryGRPO
 from jagg_lab.policies.reference import AdaptersOff
 from jagg_lab.rewards.base import Reward, check_scores
@@ -119,6 +119,11 @@ class GRPOModule(ProcessWiring, StepUpdate, L.LightningModule):
         return self.objective.sample(self.policy, self.trainable_parameters(), cond, null_cond, noise, generator,
                                      self.shard, self.rollouts_done if index is None else index, sampler)
 
+    def groups(self, batch: dict) -> tuple[list[str], list[dict], torch.Tensor]:
+        """A batch of prompts as the step samples it: each prompt and its metadata repeated
+        `group_size` times, and the (B,) group id of every sample (the global batch)."""
+        return expand_groups(batch["prompts"], self.group_size, batch.get("metadata"), self.device)
+
     def initial_noise(self, rows: int, generator: torch.Generator) -> torch.Tensor:
         """This rank's rows of the rollout's initial noise: one draw per sample, or with
         sampler.group_noise one per prompt group (see shard_noise)."""
@@ -137,22 +142,25 @@ class GRPOModule(ProcessWiring, StepUpdate, L.LightningModule):
         return self.objective.weights(rollout_advantages(rewards, group_ids, self.grpo, shuffle))
 
     def micro_batch_backward(self, rollout: Rollout, advantages: torch.Tensor, idx: torch.Tensor, scale: float,
-                             on_policy: bool) -> dict:
-        """The gradient phase of one micro-batch; its loss statistics go to `step_metrics`."""
+                             on_policy: bool, index: int | None = None) -> dict:
+        """The gradient phase of one micro-batch of rollout `index` (default `rollouts_done`); its
+        loss statistics go to `step_metrics`."""
         stats, steps = self.objective.backward(self.policy, self.trainable_parameters(), rollout, advantages, idx, scale=scale,
-                                               on_policy=on_policy, shard=self.shard, index=self.rollouts_done)
+                                               on_policy=on_policy, shard=self.shard,
+                                               index=self.rollouts_done if index is None else index)
         for step in steps:
             for name, metric in self.step_metrics.items():
                 metric.update(getattr(step, name))
         return stats
 
     def accumulate_gradients(self, rollout: Rollout, advantages: torch.Tensor, chunk: torch.Tensor, on_policy: bool,
-                             chunk_size: int) -> dict[str, float]:
+                             chunk_size: int, index: int | None = None) -> dict[str, float]:
         """The strategy over the micro-batches of `chunk` (this rank's rows of an optimizer
-        step's `chunk_size` samples); returns their stats combined (`combine_stats`)."""
+        step's `chunk_size` samples) of rollout `index` (default `rollouts_done`); returns their
+        stats combined (`combine_stats`)."""
         self.policy.train()
         gather_for_passes(self.policy)  # FSDP: the one all-gather; the passes communicate nothing
-        return combine_stats([self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy)
+        return combine_stats([self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy, index)
                               for idx in chunk.split(self.grpo.micro_batch_size)])
 
     # ---- the GRPO step -------------------------------------------------------------
@@ -163,9 +171,8 @@ class GRPOModule(ProcessWiring, StepUpdate, L.LightningModule):
         if total % world:
             raise ValueError(f"{total} samples per step do not split over {world} processes")
         rows = slice(rank * total // world, (rank + 1) * total // world)
-        prompts = [p for p in batch["prompts"] for _ in range(self.group_size)][rows]
-        metadata = [m for m in batch["metadata"] for _ in range(self.group_size)][rows]
-        group_ids = torch.arange(len(batch["prompts"]), device=self.device).repeat_interleave(self.group_size)
+        prompts, metadata, group_ids = self.groups(batch)
+        prompts, metadata = prompts[rows], metadata[rows]
         generator = self.rollout_generator()
 
         t0 = time.perf_counter()

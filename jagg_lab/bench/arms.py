@@ -165,7 +165,8 @@ def bench_arms(args: ArmsArgs, progress: Callable[[str], None] = lambda line: No
             rollout, advantages = training_rollout(module, data, next(stream), i, args.device)
             rotate = i % len(names)
             for name in names[rotate:] + names[:rotate]:
-                t, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device, micro_batches=micro_batches)
+                t, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device, micro_batches=micro_batches,
+                                          index=i)
                 if i >= args.warmup:
                     seconds[name].append(t)
                     items[name].append(stats["backward_items"])

@@ -150,17 +150,19 @@ def _setting(args: BiasArgs):
     return (cfg, *training_setting(cfg, args.seed, args.device))
 
 
-def _gradient(strategy: GradientStrategy, module: GRPOModule, rollout, advantages, device: str) -> tuple[torch.Tensor, dict, float]:
-    """The gradient a training step accumulates over its micro-batches (grpo.micro_batch_size),
-    from zero; the strategy's stats; the seconds it took."""
+def _gradient(strategy: GradientStrategy, module: GRPOModule, rollout, advantages, device: str,
+              index: int = 0) -> tuple[torch.Tensor, dict, float]:
+    """The gradient a training step accumulates over its micro-batches (grpo.micro_batch_size)
+    for rollout `index`, from zero; the strategy's stats; the seconds it took."""
     seconds, stats = gradient_phase(module, strategy, rollout, advantages, device,
-                                    micro_batches=len(advantages) // module.grpo.micro_batch_size)
+                                    micro_batches=len(advantages) // module.grpo.micro_batch_size, index=index)
     grad = flat_grad(module.trainable_parameters()).detach().clone()
     module.policy.zero_grad(set_to_none=True)
     return grad, {key: stats[key] for key in COUNTED if key in stats}, seconds
 
 
-def window_gradients(module: GRPOModule, rollout, advantages, window: int, micro_batches: int) -> list[dict]:
+def window_gradients(module: GRPOModule, rollout, advantages, window: int, micro_batches: int,
+                     index: int = 0) -> list[dict]:
     """Per window of `window` trained steps: the routing score (`jagg_routed`'s, from the rollout's
     velocities, averaged over the batch), and JAGG's and full's gradients of that window's share of
     the step's loss (the windows' full gradients sum to the step's). Gradients are left zeroed."""
@@ -174,7 +176,7 @@ def window_gradients(module: GRPOModule, rollout, advantages, window: int, micro
             module.policy.zero_grad(set_to_none=True)
             for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
                 share.backward(strategy, module.policy, rollout, advantages, idx, on_policy=True, params=params,
-                               scale=len(idx) / total * len(positions) / len(steps), draw=module.objective.block_generator(idx, module.rollouts_done))
+                               scale=len(idx) / total * len(positions) / len(steps), draw=module.objective.block_generator(idx, index))
             grads.append(flat_grad(params).detach().clone())
         module.policy.zero_grad(set_to_none=True)
         velocities = [rollout.velocities[:, steps[i]] for i in positions]
@@ -258,16 +260,16 @@ def bench_bias(args: BiasArgs, progress: Callable[[str], None] = lambda line: No
     for i in range(args.n_rollouts):
         rollout, advantages = training_rollout(module, data, next(stream), i, args.device)
         module.policy.train()
-        f, stats, t = _gradient(FullStrategy(), module, rollout, advantages, args.device)
+        f, stats, t = _gradient(FullStrategy(), module, rollout, advantages, args.device, i)
         count(reference, stats, t)
         for key, strategy in estimators.items():
             with precision_context(key[3], args.device):
-                g, stats, t = _gradient(strategy, module, rollout, advantages, args.device)
+                g, stats, t = _gradient(strategy, module, rollout, advantages, args.device, i)
             sums[key].add(g, f)
             count(key, stats, t)
         for w in detail_windows:
             for position, part in enumerate(window_gradients(module, rollout, advantages, w,
-                                                             len(advantages) // module.grpo.micro_batch_size)):
+                                                             len(advantages) // module.grpo.micro_batch_size, i)):
                 window_sums.setdefault((w, position), ErrorSums()).add(part["g"], part["f"])
                 seen = window_seen.setdefault((w, position), {"steps": part["steps"], "score": 0.0, "n": 0})
                 seen["score"] += part["score"]

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from torch import nn
 
 from jagg_lab import CONF_DIR
-from jagg_lab.grpo import GRPOConfig, rollout_advantages
+from jagg_lab.grpo import GRPOConfig, expand_groups, rollout_advantages
 from jagg_lab.module import GRPOModule
 from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTConfig, DiTPolicy, fill_zero_init_
 from jagg_lab.rewards.base import Reward, check_scores
@@ -76,15 +76,12 @@ def training_setting(cfg: DictConfig, seed: int, device: str):
 def training_rollout(module: GRPOModule, data, batch: dict, index: int, device: str) -> tuple[Rollout, torch.Tensor]:
     """Rollout `index` of a training run's prompt stream (`batch` its prompts), with the noise and
     advantages that run's step would draw for it; the policy's weights as they are."""
-    prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
-    metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
-    module.rollouts_done = index  # the training step's noise and advantage seeds for rollout `index`
+    prompts, metadata, group_ids = module.groups(batch)
     module.policy.eval()
-    rollout = module.make_rollout(prompts, module.rollout_generator())
+    rollout = module.make_rollout(prompts, module.rollout_generator(index), index)
     scores = module.reward(module.policy.decode(rollout.final), prompts, metadata)
     rewards = check_scores(scores, len(prompts), module.reward.name).float().to(device)
-    group_ids = torch.arange(len(batch["prompts"]), device=device).repeat_interleave(data.group_size)
-    return rollout, module.advantages(rewards, group_ids)
+    return rollout, module.advantages(rewards, group_ids, index)
 
 
 def dit_policy(size: str, resolution: int, checkpoint: str | None, seed: int) -> tuple[nn.Module, str]:
@@ -135,7 +132,7 @@ def grpo_module(policy: nn.Module, reward: Reward, *, num_steps: int, shift: flo
 def grouped_prompts(prompts: int, group_size: int, seed: int) -> list[str]:
     """`prompts` training prompts, each repeated `group_size` times (one GRPO group each)."""
     rng = np.random.default_rng(seed)
-    return [p for p in (sample_prompt(rng, "train") for _ in range(prompts)) for _ in range(group_size)]
+    return expand_groups([sample_prompt(rng, "train") for _ in range(prompts)], group_size)[0]
 
 
 def advantages(module: GRPOModule, rollout: Rollout, prompts: list[str], seed: int) -> torch.Tensor:
@@ -143,7 +140,7 @@ def advantages(module: GRPOModule, rollout: Rollout, prompts: list[str], seed: i
     images = module.policy.decode(rollout.final)
     rewards = check_scores(module.reward(images, prompts, [{}] * len(prompts)), len(prompts), module.reward.name)
     device = rollout.final.device
-    group_ids = torch.arange(len(prompts) // module.group_size, device=device).repeat_interleave(module.group_size)
+    group_ids = expand_groups(prompts[::module.group_size], module.group_size, device=device)[2]
     adv = rollout_advantages(rewards.to(device), group_ids, module.grpo)
     if torch.all(adv == 0):  # a constant reward gives no signal to compare gradients on
         adv = torch.randn(len(prompts), generator=torch.Generator().manual_seed(seed)).to(device)
@@ -179,9 +176,9 @@ def sync(device: str) -> None:
 
 
 def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Rollout, advantages: torch.Tensor,
-                   device: str, micro_batches: int = 1, steps: list | None = None) -> tuple[float, dict]:
-    """What a training step runs after its rollout, on-policy, from zeroed gradients (left in
-    .grad): the whole batch in `micro_batches` micro-batches (1: one). Returns (seconds, the
+                   device: str, micro_batches: int = 1, steps: list | None = None, index: int = 0) -> tuple[float, dict]:
+    """What a training step runs after its rollout (number `index`: its drawn blocks), on-policy,
+    from zeroed gradients (left in .grad): the whole batch in `micro_batches` micro-batches (1: one). Returns (seconds, the
     strategy's stats combined over micro-batches: counts summed, the rest averaged); `steps`,
     if given, receives the loss statistics (StepStats) of every trained step of every micro-batch."""
     module.policy.train()
@@ -194,7 +191,7 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
     for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
         parts.append(module.objective.loss.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
                                                     on_policy=True, params=params,
-                                                    draw=module.objective.block_generator(idx, module.rollouts_done)))
+                                                    draw=module.objective.block_generator(idx, index)))
     sync(device)
     seconds = time.perf_counter() - start
     if steps is not None:

@@ -189,15 +189,12 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         if compiled[0] != setting.compile:
             module.compile_rollout(setting.compile)
             compiled[0] = setting.compile
-        module.rollouts_done = index  # the training step's noise and advantage seeds for rollout `index`
-        module.policy.eval()
-        return module.make_rollout(prompts, module.rollout_generator(), sampler=sampler)
+        module.policy.eval()  # the training step's noise for rollout `index`
+        return module.make_rollout(prompts, module.rollout_generator(index), index, sampler=sampler)
 
     for i in range(args.warmup + args.rounds):
         batch = next(stream)
-        prompts = [p for p in batch["prompts"] for _ in range(data.group_size)]
-        metadata = [m for m in batch["metadata"] for _ in range(data.group_size)]
-        group_ids = torch.arange(len(batch["prompts"]), device=args.device).repeat_interleave(data.group_size)
+        prompts, metadata, group_ids = module.groups(batch)
         timed = i >= args.warmup
         rotate = i % len(settings)
         for spec, precision in settings[rotate:] + settings[:rotate]:
@@ -210,7 +207,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
                 components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
                 scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(args.device)
                 t2 = time.perf_counter()
-                advantages = module.advantages(scores, group_ids)
+                advantages = module.advantages(scores, group_ids, i)
                 calls[spec] = rollout.forwards
                 if timed:
                     rewards[spec, precision] += scores.tolist()
@@ -219,7 +216,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
                 for name in names[rotate % len(names):] + names[:rotate % len(names)]:
                     losses = []
                     seconds, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device,
-                                                    micro_batches=micro_batches, steps=losses)
+                                                    micro_batches=micro_batches, steps=losses, index=i)
                     stats["clip_frac"] = torch.stack([s.clip_frac for s in losses]).mean().item()
                     stats["ratio_mean"] = torch.stack([s.ratio_mean for s in losses]).mean().item()
                     if timed:
@@ -344,22 +341,22 @@ def _own_step(module: GRPOModule, prompts: list[str], metadata: list[dict], grou
     """One training step's rollout, reward and gradient phase of an experiment with its own rollouts:
     (seconds per phase, scores, reward components, the gradient phase's stats with the step's
     clip_frac, ratio_mean and the rollout's policy calls)."""
-    module.rollouts_done = index
     module.policy.eval()
     sync(device)
     t0 = time.perf_counter()
-    rollout = module.make_rollout(prompts, module.rollout_generator())
+    rollout = module.make_rollout(prompts, module.rollout_generator(index), index)
     sync(device)
     t1 = time.perf_counter()
     components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
     scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
     t2 = time.perf_counter()
-    advantages = module.advantages(scores, group_ids)  # the objective's per-sample weights
+    advantages = module.advantages(scores, group_ids, index)  # the objective's per-sample weights
     module.policy.zero_grad(set_to_none=True)
     everything = torch.arange(len(prompts), device=device)  # the whole rollout, on-policy, as the shared rows
     sync(device)
     t3 = time.perf_counter()
-    stats = module.accumulate_gradients(rollout, advantages, everything, on_policy=True, chunk_size=len(prompts))
+    stats = module.accumulate_gradients(rollout, advantages, everything, on_policy=True, chunk_size=len(prompts),
+                                         index=index)
     sync(device)
     t4 = time.perf_counter()
     means = module.step_means()
@@ -380,7 +377,7 @@ def _limit(args: StepArgs, module, strategies: dict, samplers: dict, prompts: li
         flops["reward"][spec], components = count_flops(
             lambda: module.reward.components(module.policy.decode(rollout.final), prompts, metadata))
         scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(args.device)
-        advantages = module.advantages(scores, group_ids)
+        advantages = module.advantages(scores, group_ids, 0)
         for name, strategy in strategies.items():
             flops["gradient"][name, spec], _ = count_flops(
                 lambda: gradient_phase(module, strategy, rollout, advantages, args.device, micro_batches=micro_batches))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["group_advantages"]
+__all__ = ["group_advantages", "expand_groups"]
 
 
 def group_advantages(
@@ -33,3 +33,12 @@ def group_advantages(
     else:
         scale = rewards.std(unbiased=False).expand_as(rewards)
     return (centred / (scale + eps)).clamp(-clip_max, clip_max)
+
+
+def expand_groups(prompts: list[str], group_size: int, metadata: list[dict] | None = None,
+                  device: torch.device | str | None = None) -> tuple[list[str], list[dict], torch.Tensor]:
+    """A step's prompts as it samples them: each prompt (and its metadata, default {}) repeated
+    `group_size` times in a row, and the (B,) group id of every sample."""
+    metadata = [{} for _ in prompts] if metadata is None else metadata
+    group_ids = torch.arange(len(prompts), device=device).repeat_interleave(group_size)
+    return ([p for p in prompts for _ in range(group_size)], [m for m in metadata for _ in range(group_size)], group_ids)
