@@ -189,8 +189,10 @@ def compare_arms(args: Args) -> None:
     rows = [{"arm": "base", "seed": "-", "steps": 0, **paired_gain(base, base)}]
     curve: list[dict] = []  # every scored checkpoint, then the final policy, per run
     scored: dict[tuple[str, int, int], dict] = {}  # (arm, seed, step) -> evaluation, for the paired control comparison
-    for arm, experiment, extra in arms(args):
-        for seed in args.seeds:
+    # Seed by seed, every arm of a seed before the next seed: a comparison cut short holds paired
+    # seeds of every arm. Tables list the runs arm by arm.
+    for seed in args.seeds:
+        for arm, experiment, extra in arms(args):
             run_dir = out / f"{arm.replace('+', '_')}_seed{seed}"
             steps_cap = [] if args.max_steps is None else [f"trainer.max_steps={args.max_steps}"]
             parts = train(args, run_dir, ["-m", "jagg_lab.train", f"+experiment={experiment}", f"seed={seed}",
@@ -212,6 +214,9 @@ def compare_arms(args: Args) -> None:
             else:
                 scored[arm, seed, steps] = final
                 curve.append(rows[-1])
+    place = {arm: i for i, (arm, _, _) in enumerate(arms(args))}
+    rows[1:] = sorted(rows[1:], key=lambda r: place[r["arm"]])  # stable: seeds in order within an arm
+    curve.sort(key=lambda r: place[r["arm"]])
     summary = [_arm_summary(name, [r for r in rows if r["arm"] == name]) for name in dict.fromkeys(r["arm"] for r in rows)]
     vs_control = _versus_control(scored, args)
     (out / "gain.json").write_text(json.dumps({"args": OmegaConf.to_container(OmegaConf.structured(args)), "runs": rows,
