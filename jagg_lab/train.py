@@ -9,6 +9,7 @@ once; the run itself is `jagg_lab.training.run` (whose names this module also of
 from __future__ import annotations
 
 import multiprocessing
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -40,4 +41,9 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":
+    from jagg_lab.renamed import renamed_overrides
+
+    renamed = renamed_overrides(sys.argv[1:])
+    if renamed:  # before Hydra, whose own error would only say the key is unknown
+        sys.exit("jagg_lab.train: invalid configuration: " + "; ".join(renamed))
     main()

@@ -119,7 +119,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     data = _instantiate(cfg, "data")
     try:
         grpo.check_batch(data.samples_per_step)
-        sampler.ode_phases(grpo.trained_steps(sampler.num_steps)) if grpo.window_size is None else grpo.window_bounds(sampler.num_steps)
+        sampler.ode_phases(grpo.trained_steps(sampler.num_steps)) if grpo.sde_window is None else grpo.sde_window_bounds(sampler.num_steps)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     check_world_size(cfg, data.samples_per_step)

@@ -105,7 +105,7 @@ BAD = [
     ("objective=nft grpo.train_fraction=1.0", "grpo.train_fraction=1.0: not used by objective=nft"),
     ("objective=nft sampler.tail_solver=euler", "sampler.tail_solver=euler: not used by objective=nft"),
     ("objective=nft sampler.group_noise=true", "sampler.group_noise=True: not used by objective=nft"),
-    ("grpo.window_range=[0,4]", "set grpo.window_size too"),
+    ("grpo.sde_window_range=[0,4]", "set grpo.sde_window too"),
     ("objective=awm objective.weighting=cubic", "objective.weighting"),
     ("objective=nft objective.solver=rk4", "objective.solver"),
     ("objective=nft trainer=fsdp_cpu", "trainer=fsdp: objective=nft"),

@@ -180,7 +180,7 @@ def test_the_step_clock_charges_whole_steps_from_a_bench_step_report(tmp_path):
     # full: 2 s of rollout and 2 s for 12 items; its euler:1 row is another rollout setting, not full's training step
     rows = [row("full", "sde", 2.0, 12, 2.0), row("full", "euler:1", 2.0, 12, 1.0), row("awm", "own", 4.0, 12, 2.0)]
     step = tmp_path / "step.json"
-    step.write_text(json.dumps({"setting": {"grpo": {"window_size": None}}, "rows": rows}))
+    step.write_text(json.dumps({"setting": {"grpo": {"sde_window": None}}, "rows": rows}))
     out = tmp_path / "choice"
     cmd = [sys.executable, "experiments/strategy_choice.py", f"base={base}",
            f"finals=[full={tmp_path}/full_seed*/eval.json,awm={tmp_path}/awm_seed*/eval.json]",
@@ -264,10 +264,10 @@ def test_timing_more_adds_arms_at_their_ratio_to_the_reference(tmp_path):
         assert bad.returncode != 0 and "timing_more" in bad.stderr and why in bad.stderr and not (tmp_path / "other").exists()
     # one rule with timing's check of runs: a key one report lacks counts as its constructor's default
     grpo = {"_target_": "jagg_lab.grpo.GRPOConfig", "clip_range": 1e-4}
-    first.write_text(json.dumps({**json.loads(first.read_text()), "setting": {"grpo": {**grpo, "window_schedule": "random"}}}))
+    first.write_text(json.dumps({**json.loads(first.read_text()), "setting": {"grpo": {**grpo, "sde_window_schedule": "random"}}}))
     second.write_text(json.dumps({**json.loads(second.read_text()), "setting": {"grpo": grpo}}))
     same = subprocess.run([*cmd[:-1], f"out={tmp_path}/defaulted"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert same.returncode == 0, same.stderr[-3000:]
-    second.write_text(json.dumps({**json.loads(second.read_text()), "setting": {"grpo": {**grpo, "window_schedule": "sliding"}}}))
+    second.write_text(json.dumps({**json.loads(second.read_text()), "setting": {"grpo": {**grpo, "sde_window_schedule": "sliding"}}}))
     bad = subprocess.run([*cmd[:-1], f"out={tmp_path}/other"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "grpo.window_schedule" in bad.stderr and not (tmp_path / "other").exists()
+    assert bad.returncode != 0 and "grpo.sde_window_schedule" in bad.stderr and not (tmp_path / "other").exists()

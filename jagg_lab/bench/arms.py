@@ -102,7 +102,7 @@ def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
     for name, cfg in configs.items():
         if owns_rollouts(cfg) and (not own_rollouts or name == first):
             raise ValueError(f"experiments: {name} samples its own rollouts (objective={cfg.objective._target_.rsplit('.', 1)[-1]}"
-                             f", grpo.window_size={cfg.grpo.get('window_size')}): "
+                             f", grpo.sde_window={cfg.grpo.get('sde_window')}): "
                              + ("time it with bench step" if not own_rollouts else
                                 "the first experiment sets the shared rollout: put a trajectory experiment first"))
         objective_of(name, cfg)  # a bad objective value is refused before any model is built
@@ -139,7 +139,7 @@ def owns_rollouts(cfg) -> bool:
     (ODE rollouts) or a moving SDE window."""
     target = cfg.get("objective", {}).get("_target_")
     trajectory = target is None or get_class(str(target)).trajectory
-    return not trajectory or cfg.grpo.get("window_size") is not None
+    return not trajectory or cfg.grpo.get("sde_window") is not None
 
 
 def _precision(cfg) -> str:

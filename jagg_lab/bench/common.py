@@ -30,6 +30,7 @@ from jagg_lab import CONF_DIR
 from jagg_lab.grpo import GRPOConfig, expand_groups, rollout_advantages
 from jagg_lab.module import GRPOModule
 from jagg_lab.policies import SHIPPED_CHECKPOINT, DiTConfig, DiTPolicy, fill_zero_init_
+from jagg_lab.renamed import check_renamed, renamed_overrides
 from jagg_lab.rewards.base import Reward, check_scores
 from jagg_lab.sampling import SDESampler
 from jagg_lab.strategies import FullStrategy, GradientStrategy
@@ -50,9 +51,13 @@ __all__ = [
 def training_config(experiment: str, seed: int, overrides: list[str]) -> DictConfig:
     """The training config of `python -m jagg_lab.train +experiment=E seed=S ...`, composed and
     checked as training checks it; a bad experiment or override raises ValueError naming it."""
+    renamed = renamed_overrides(overrides)
+    if renamed:
+        raise ValueError(f"overrides: {'; '.join(renamed)}")
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("train", overrides=[f"+experiment={experiment}", f"seed={seed}", *overrides])
+        check_renamed(cfg)
         sampler, grpo, data = instantiate(cfg.sampler), instantiate(cfg.grpo), instantiate(cfg.data)
         grpo.check_batch(data.samples_per_step)
         grpo.trained_steps(sampler.num_steps)

@@ -9,9 +9,9 @@ import torch
 
 from jagg_lab.grpo.loss import GRPOLoss
 
-__all__ = ["GRPOConfig", "WINDOW_SCHEDULES", "draw_blocks"]
+__all__ = ["GRPOConfig", "SDE_WINDOW_SCHEDULES", "draw_blocks"]
 
-WINDOW_SCHEDULES = ("random", "sliding")
+SDE_WINDOW_SCHEDULES = ("random", "sliding")
 
 
 def draw_blocks(steps: Sequence[int], block_size: int, fraction: float, generator: torch.Generator) -> tuple[int, ...]:
@@ -35,13 +35,13 @@ class GRPOConfig:
     their distribution and every other cost but cutting their link to the samples; a gain
     claimed for a real run should beat it.
 
-    window_size: a moving window of this many consecutive sampling steps is sampled by the SDE
+    sde_window: a moving window of this many consecutive sampling steps is sampled by the SDE
     and trained, each rollout's own; the steps before and after it are sampled by ODE (the
     sampler's head / tail solver, Euler when null). It replaces train_fraction / train_steps.
-    window_schedule: "random" (the window's first step uniform over window_range, a fresh draw
-    per rollout: Flow-GRPO-Fast) or "sliding" (it starts at window_range[0] and moves by
-    window_stride steps every window_shift_every rollouts, back to the start past the range's
-    end: MixGRPO). window_range: [lo, hi), the steps the window may cover (null: all).
+    sde_window_schedule: "random" (the window's first step uniform over sde_window_range, a fresh draw
+    per rollout: Flow-GRPO-Fast) or "sliding" (it starts at sde_window_range[0] and moves by
+    sde_window_stride steps every sde_window_shift_every rollouts, back to the start past the range's
+    end: MixGRPO). sde_window_range: [lo, hi), the steps the window may cover (null: all).
     """
 
     clip_range: float = 1e-4
@@ -55,11 +55,11 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     ema_decay: float | None = None
     shuffle_advantages: bool = False
-    window_size: int | None = None
-    window_schedule: str = "random"
-    window_range: tuple[int, int] | None = None
-    window_shift_every: int = 25
-    window_stride: int = 1
+    sde_window: int | None = None
+    sde_window_schedule: str = "random"
+    sde_window_range: tuple[int, int] | None = None
+    sde_window_shift_every: int = 25
+    sde_window_stride: int = 1
     block_size: int | None = None
     block_fraction: float = 1.0
 
@@ -83,31 +83,31 @@ class GRPOConfig:
             if not self.train_steps or sorted(set(self.train_steps)) != list(self.train_steps):
                 raise ValueError(f"grpo.train_steps must be non-empty, increasing and unique, got {list(self.train_steps)}")
         GRPOLoss(self.clip_range, self.beta)  # validates clip_range and beta
-        if self.window_size is not None:
-            if self.window_size < 1:
-                raise ValueError(f"grpo.window_size must be >= 1 or null, got {self.window_size}")
+        if self.sde_window is not None:
+            if self.sde_window < 1:
+                raise ValueError(f"grpo.sde_window must be >= 1 or null, got {self.sde_window}")
             if self.train_steps is not None:
-                raise ValueError("grpo.window_size picks the trained steps per rollout; leave grpo.train_steps null")
-        elif self.window_range is not None or self.window_schedule != "random":
-            raise ValueError("grpo.window_range and grpo.window_schedule shape a moving SDE window: set grpo.window_size too")
-        if self.window_schedule not in WINDOW_SCHEDULES:
-            raise ValueError(f"grpo.window_schedule must be one of {WINDOW_SCHEDULES}, got {self.window_schedule!r}")
-        if self.window_shift_every < 1 or self.window_stride < 1:
-            raise ValueError(f"grpo.window_shift_every and grpo.window_stride must be >= 1, "
-                             f"got {self.window_shift_every} and {self.window_stride}")
+                raise ValueError("grpo.sde_window picks the trained steps per rollout; leave grpo.train_steps null")
+        elif self.sde_window_range is not None or self.sde_window_schedule != "random":
+            raise ValueError("grpo.sde_window_range and grpo.sde_window_schedule shape a moving SDE window: set grpo.sde_window too")
+        if self.sde_window_schedule not in SDE_WINDOW_SCHEDULES:
+            raise ValueError(f"grpo.sde_window_schedule must be one of {SDE_WINDOW_SCHEDULES}, got {self.sde_window_schedule!r}")
+        if self.sde_window_shift_every < 1 or self.sde_window_stride < 1:
+            raise ValueError(f"grpo.sde_window_shift_every and grpo.sde_window_stride must be >= 1, "
+                             f"got {self.sde_window_shift_every} and {self.sde_window_stride}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"grpo.block_size must be >= 1 or null, got {self.block_size}")
         if not 0 < self.block_fraction <= 1:
             raise ValueError(f"grpo.block_fraction must be in (0, 1], got {self.block_fraction}")
         if self.block_fraction < 1 and self.block_size is None:
             raise ValueError("grpo.block_fraction trains a share of the blocks of grpo.block_size steps: set grpo.block_size too")
-        if self.block_fraction < 1 and self.window_size is not None:
+        if self.block_fraction < 1 and self.sde_window is not None:
             raise ValueError("grpo.block_fraction draws blocks of the fixed trained steps; a moving SDE window "
-                             "(grpo.window_size) picks its own: use one of the two")
-        if self.window_range is not None:
-            object.__setattr__(self, "window_range", tuple(int(k) for k in self.window_range))
-            if len(self.window_range) != 2 or not 0 <= self.window_range[0] < self.window_range[1]:
-                raise ValueError(f"grpo.window_range must be [lo, hi) with 0 <= lo < hi, got {list(self.window_range)}")
+                             "(grpo.sde_window) picks its own: use one of the two")
+        if self.sde_window_range is not None:
+            object.__setattr__(self, "sde_window_range", tuple(int(k) for k in self.sde_window_range))
+            if len(self.sde_window_range) != 2 or not 0 <= self.sde_window_range[0] < self.sde_window_range[1]:
+                raise ValueError(f"grpo.sde_window_range must be [lo, hi) with 0 <= lo < hi, got {list(self.sde_window_range)}")
 
     @property
     def loss(self) -> GRPOLoss:
@@ -115,8 +115,8 @@ class GRPOConfig:
 
     def trained_steps(self, num_steps: int) -> list[int]:
         """Indices of the sampling steps that receive gradients, in sampling order."""
-        if self.window_size is not None:
-            return self.window(num_steps, 0, None)
+        if self.sde_window is not None:
+            return self.sde_window_steps(num_steps, 0, None)
         if self.train_steps is not None:
             bad = [k for k in self.train_steps if not 0 <= k < num_steps]
             if bad:
@@ -135,23 +135,23 @@ class GRPOConfig:
         in sampling order."""
         return draw_blocks(steps, self.block_size, self.block_fraction, generator) if self.draws_blocks else tuple(steps)
 
-    def window_bounds(self, num_steps: int) -> tuple[int, int]:
-        """The first and last start of the SDE window (grpo.window_size) in `num_steps` steps."""
-        lo, hi = self.window_range if self.window_range is not None else (0, num_steps)
-        if hi > num_steps or hi - lo < self.window_size:
-            raise ValueError(f"grpo.window_range {[lo, hi]} does not hold a window of grpo.window_size = "
-                             f"{self.window_size} steps within the {num_steps} sampling steps")
-        return lo, hi - self.window_size
+    def sde_window_bounds(self, num_steps: int) -> tuple[int, int]:
+        """The first and last start of the SDE window (grpo.sde_window) in `num_steps` steps."""
+        lo, hi = self.sde_window_range if self.sde_window_range is not None else (0, num_steps)
+        if hi > num_steps or hi - lo < self.sde_window:
+            raise ValueError(f"grpo.sde_window_range {[lo, hi]} does not hold a window of grpo.sde_window = "
+                             f"{self.sde_window} steps within the {num_steps} sampling steps")
+        return lo, hi - self.sde_window
 
-    def window(self, num_steps: int, rollout: int, generator: "torch.Generator | None") -> list[int]:
-        """The trained steps of rollout number `rollout` under grpo.window_size: drawn from
+    def sde_window_steps(self, num_steps: int, rollout: int, generator: "torch.Generator | None") -> list[int]:
+        """The trained steps of rollout number `rollout` under grpo.sde_window: drawn from
         `generator` ("random"; None: the first start) or by the sliding schedule."""
-        first, last = self.window_bounds(num_steps)
-        if self.window_schedule == "random":
+        first, last = self.sde_window_bounds(num_steps)
+        if self.sde_window_schedule == "random":
             start = first if generator is None else first + int(torch.randint(last - first + 1, (1,), generator=generator))
         else:
-            start = first + (self.window_stride * (rollout // self.window_shift_every)) % (last - first + 1)
-        return list(range(start, start + self.window_size))
+            start = first + (self.sde_window_stride * (rollout // self.sde_window_shift_every)) % (last - first + 1)
+        return list(range(start, start + self.sde_window))
 
     def check_batch(self, samples_per_step: int) -> None:
         """The rollout batch must split into whole optimizer steps and whole micro-batches."""

@@ -114,7 +114,7 @@ _TRAJECTORY_SETTINGS = {
     "grpo.beta": (0.0, "its KL term is objective.kl_weight"),
     "grpo.train_fraction": (0.6, "it trains no sampling step"),
     "grpo.train_steps": (None, "it trains no sampling step"),
-    "grpo.window_size": (None, "it trains no sampling step"),
+    "grpo.sde_window": (None, "it trains no sampling step"),
     "grpo.block_size": (None, "it trains no sampling step"),
     "grpo.block_fraction": (1.0, "it trains no sampling step"),
     "sampler.tail_solver": (None, "its rollouts are ODE throughout"),

@@ -51,7 +51,7 @@ class TrajectoryGRPO(Objective):
         self.loss = GRPOObjective.from_config(grpo, sampler.num_steps, sampler.guidance)
         self.loss.check_strategy(strategy)
         self.trained_steps = list(self.loss.trained_steps)
-        if grpo.window_size is None:  # checked before any work; a moving SDE window has its phases per rollout
+        if grpo.sde_window is None:  # checked before any work; a moving SDE window has its phases per rollout
             sampler.ode_phases(self.trained_steps)
         self.ref_policy = reference_policy(policy) if grpo.beta else None  # the policy as it starts
 
@@ -60,11 +60,11 @@ class TrajectoryGRPO(Objective):
         self.compiled_forward = torch.compile(policy.forward) if on else None
 
     # ---- draws of a rollout ------------------------------------------------------------
-    def window(self, index: int) -> list[int]:
+    def sde_window_steps(self, index: int) -> list[int]:
         """The trained steps of rollout `index` under a moving SDE window (its own draw: the
         rollout's noise is the same as without a window)."""
         draw = torch.Generator().manual_seed(2**40 + self.seed * 1_000_003 + index)  # apart from the noise seeds
-        return self.grpo.window(self.sampler.num_steps, index, draw)
+        return self.grpo.sde_window_steps(self.sampler.num_steps, index, draw)
 
     def block_generator(self, idx: torch.Tensor, index: int, rank: int = 0) -> torch.Generator | None:
         """The draw of micro-batch `idx`'s trained blocks (grpo.block_fraction < 1; else None), from
@@ -81,7 +81,7 @@ class TrajectoryGRPO(Objective):
         trained steps."""
         sampler = sampler or self.sampler
         guidance = sampler.guidance
-        window = self.window(index) if self.grpo.window_size is not None else None
+        window = self.sde_window_steps(index) if self.grpo.sde_window is not None else None
         phases = sampler.window_phases(window) if window is not None else sampler.ode_phases(self.trained_steps)
         forward = self.compiled_forward or policy
         rollout = sde_rollout(

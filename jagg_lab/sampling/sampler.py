@@ -89,7 +89,7 @@ class SDESampler:
         }
 
     def window_phases(self, window: list[int]) -> dict:
-        """The `sde_rollout` arguments of a rollout whose SDE window is `window` (grpo.window_size):
+        """The `sde_rollout` arguments of a rollout whose SDE window is `window` (grpo.sde_window):
         the steps before and after it by ODE, with the head / tail solver (Euler when null)."""
         first, last = min(window), max(window)
         return {

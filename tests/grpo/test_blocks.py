@@ -32,7 +32,7 @@ def test_a_draw_takes_whole_blocks_in_sampling_order_each_pair_equally_often():
     (dict(block_size=5, block_fraction=0.0), "grpo.block_fraction"),
     (dict(block_size=5, block_fraction=1.5), "grpo.block_fraction"),
     (dict(block_size=0), "grpo.block_size"),
-    (dict(block_size=2, block_fraction=0.5, window_size=2), "grpo.window_size"),
+    (dict(block_size=2, block_fraction=0.5, sde_window=2), "grpo.sde_window"),
 ])
 def test_bad_block_settings_are_named(bad, key):
     with pytest.raises(ValueError, match=key):
