@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 from jagg_lab import cli  # noqa: E402
 from jagg_lab.evaluation import eval_categories, paired_gain  # noqa: E402
 from jagg_lab.evaluation.arms import gradient_phase, load_evaluation, mean_std, named_pairs  # noqa: E402
+from jagg_lab.renamed import RENAMED_KEYS  # noqa: E402
 from hydra.utils import get_class  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -116,7 +117,7 @@ def choose(args: Args) -> None:
             raise ValueError(f"timing_more: {err}") from None
         first, other = (json.loads(Path(p).read_text())["setting"] for p in (args.timing, path))
         keys = [f"{group}.{k}" for group in sorted(first.keys() | other.keys())
-                for k in _differing(first.get(group, {}), other.get(group, {}))]
+                for k in _differing(_current(group, first.get(group, {})), _current(group, other.get(group, {})))]
         if keys:
             raise ValueError(f"timing_more: {path} timed other settings than {args.timing}: {keys}")
         scale = per_item[args.reference][1] / more[args.reference][1]
@@ -325,12 +326,18 @@ def _timing(path: str | None, files: dict[str, list[str]], reference: str,
                 continue
             run = OmegaConf.to_container(OmegaConf.load(config))
             for group in ("sampler", "grpo", "data"):  # data.seed is the run's own seed
-                timed, trained = ({k: v for k, v in d.get(group, {}).items() if k != "seed" and not k.startswith("window_")}
+                timed, trained = ({k: v for k, v in _current(group, d.get(group, {})).items() if k != "seed" and not k.startswith("sde_window")}
                                   for d in (report["setting"], run))
                 keys = _differing(timed, trained)
                 if keys:
                     raise ValueError(f"timing: {path} timed other {group} settings than {config} trained with: {keys}")
     return seconds
+
+
+def _current(group: str, setting: dict) -> dict:
+    """A config group's setting under today's key names (a file written before a rename, RENAMED_KEYS)."""
+    names = {old.partition(".")[2]: new.partition(".")[2] for old, new in RENAMED_KEYS.items() if old.startswith(f"{group}.")}
+    return {names.get(k, k): v for k, v in setting.items()}
 
 
 def _differing(a: dict, b: dict) -> list[str]:
