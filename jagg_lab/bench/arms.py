@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
@@ -38,15 +39,18 @@ from jagg_lab.bench.common import (
     gradient_phase,
     machine,
     precision_context,
+    sync,
     training_config,
     training_rollout,
     training_setting,
     write_json,
 )
 from jagg_lab.bench.report import markdown_table
+from jagg_lab.module import GRPOModule
 from jagg_lab.objectives import trajectory_settings_used
+from jagg_lab.rewards.base import check_scores
 
-__all__ = ["ArmsArgs", "SHARED", "bench_arms", "main"]
+__all__ = ["ArmsArgs", "SHARED", "OWN", "bench_arms", "own_rollout_module", "own_step", "main"]
 
 PROG = "python -m jagg_lab.bench arms"
 
@@ -225,3 +229,45 @@ def _main(args: ArmsArgs) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return cli.run(_main, ArmsArgs, PROG, argv)
+
+
+OWN = "own"  # the rollout setting of an experiment that samples its own rollouts
+
+
+def own_rollout_module(cfg, shared: GRPOModule) -> GRPOModule:
+    """A module for an experiment with its own rollouts (`owns_rollouts`), on the shared module's
+    policy: its objective, its grpo settings (a window), the shared sampler and reward."""
+    return GRPOModule(policy=shared.policy, sampler=shared.sampler, reward=shared.reward, strategy=instantiate(cfg.strategy),
+                      grpo=instantiate(cfg.grpo), optimizer=lambda params: None, group_size=shared.group_size,
+                      seed=shared.seed, sample_every=0, objective=instantiate(cfg.objective)).to(shared.device)
+
+
+def own_step(module: GRPOModule, prompts: list[str], metadata: list[dict], group_ids: torch.Tensor, index: int,
+              device: str) -> tuple[dict, torch.Tensor, dict, dict]:
+    """One training step's rollout, reward and gradient phase of an experiment with its own rollouts:
+    (seconds per phase, scores, reward components, the gradient phase's stats with the step's
+    clip_frac, ratio_mean and the rollout's policy calls)."""
+    module.policy.eval()
+    sync(device)
+    t0 = time.perf_counter()
+    rollout = module.make_rollout(prompts, module.rollout_generator(index), index)
+    sync(device)
+    t1 = time.perf_counter()
+    components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
+    scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
+    t2 = time.perf_counter()
+    advantages = module.advantages(scores, group_ids, index)  # the objective's per-sample weights
+    module.policy.zero_grad(set_to_none=True)
+    everything = torch.arange(len(prompts), device=device)  # the whole rollout, on-policy, as the shared rows
+    sync(device)
+    t3 = time.perf_counter()
+    stats = module.accumulate_gradients(rollout, advantages, everything, on_policy=True, chunk_size=len(prompts),
+                                         index=index)
+    sync(device)
+    t4 = time.perf_counter()
+    means = module.step_means()
+    for metric in module.step_metrics.values():
+        metric.reset()
+    module.policy.zero_grad(set_to_none=True)
+    stats.update(clip_frac=means["clip_frac"], ratio_mean=means["ratio_mean"], rollout_forwards=rollout.forwards)
+    return {"rollout": t1 - t0, "reward": t2 - t1, "gradient": t4 - t3}, scores, components, stats

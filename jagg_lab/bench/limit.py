@@ -17,7 +17,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["count_flops", "LinearShape", "linear_shapes", "matmul_rate", "matmul_peaks", "SQUARE"]
+from jagg_lab.bench.common import gradient_phase
+from jagg_lab.bench.report import markdown_table
+from jagg_lab.policies.base import guided_velocity_fn
+from jagg_lab.rewards.base import check_scores
+
+__all__ = ["count_flops", "LinearShape", "linear_shapes", "matmul_rate", "matmul_peaks", "SQUARE", "step_limit", "achieved",
+           "limit_table"]
 
 SQUARE = 4096  # the large square product every report measures beside the model's shapes
 DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
@@ -92,3 +98,62 @@ def matmul_peaks(shapes: list[LinearShape], precisions: list[str], device: str) 
         for precision in precisions:
             rates[precision][str(shape)] = matmul_rate(shape, DTYPES[precision], device)
     return {p: {"gflops": r, "square": r[str(square)], "peak": max(r.values())} for p, r in rates.items()}
+
+
+def step_limit(module, strategies: dict, samplers: dict, prompts: list[str], metadata: list[dict], group_ids: torch.Tensor,
+               micro_batches: int, rollout_of: Callable, device: str, precisions: list[str]) -> dict:
+    """`bench step limit=true`: FLOPs of each phase on the last round's prompts (float32: a precision changes no count) and
+    the matmul peaks of each precision, measured after the timed rounds."""
+    flops: dict = {"rollout": {}, "reward": {}, "gradient": {}}
+    for spec in samplers:
+        flops["rollout"][spec], rollout = count_flops(lambda: rollout_of(spec, prompts, 0))
+        flops["reward"][spec], components = count_flops(
+            lambda: module.reward.components(module.policy.decode(rollout.final), prompts, metadata))
+        scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
+        advantages = module.advantages(scores, group_ids, 0)
+        for name, strategy in strategies.items():
+            flops["gradient"][name, spec], _ = count_flops(
+                lambda: gradient_phase(module, strategy, rollout, advantages, device, micro_batches=micro_batches))
+            module.policy.zero_grad(set_to_none=True)
+    # the shapes of one rollout call, its rows as the rollout batches them
+    x = torch.zeros(len(prompts), *module.policy.sample_shape, device=device)
+    with torch.inference_mode():
+        cond = module.policy.encode_prompts(prompts)
+        null_cond = module.policy.encode_prompts([""])
+        velocity = guided_velocity_fn(module.policy, cond, null_cond, module.sampler.guidance)
+        shapes = linear_shapes(module.policy, lambda: velocity(x, torch.full((len(prompts),), 0.5, device=device)))
+    return {"flops": {phase: {"/".join(k) if isinstance(k, tuple) else k: v for k, v in per.items()} for phase, per in flops.items()},
+            "model_shapes": [str(s) for s in shapes], "peaks": matmul_peaks(shapes, precisions, device)}
+
+
+def achieved(row: dict, limit: dict, name: str, spec: str, per_rollout: int) -> dict:
+    """A row's GFLOP per phase (per optimizer step) and each phase's share of its precision's peak."""
+    peak = limit["peaks"][row["precision"]]["peak"]
+    gflop = {"rollout": limit["flops"]["rollout"][spec] / per_rollout / 1e9,
+             "reward": limit["flops"]["reward"][spec] / per_rollout / 1e9,
+             "gradient": limit["flops"]["gradient"][f"{name}/{spec}"] / per_rollout / 1e9}
+    out = {f"{phase}_gflop": value for phase, value in gflop.items()}
+    for phase in ("rollout", "gradient"):
+        out[f"{phase}_gflops_per_s"] = gflop[phase] / row[f"{phase}_s"]
+        out[f"{phase}_peak_share"] = out[f"{phase}_gflops_per_s"] / peak
+    out["step_gflop"] = sum(gflop.values())
+    out["step_peak_share"] = out["step_gflop"] / row["step_s"] / peak
+    return out
+
+
+LIMIT_COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("precision", "precision", "{}"),
+                 ("rollout_gflop", "rollout GFLOP", "{:.1f}"), ("rollout_gflops_per_s", "rollout GFLOP/s", "{:.0f}"),
+                 ("rollout_peak_share", "rollout share of peak", "{:.2f}"), ("gradient_gflop", "gradient GFLOP", "{:.1f}"),
+                 ("gradient_gflops_per_s", "gradient GFLOP/s", "{:.0f}"), ("gradient_peak_share", "gradient share of peak", "{:.2f}"),
+                 ("step_peak_share", "step share of peak", "{:.2f}")]
+
+
+def limit_table(report: dict) -> str:
+    """The phases against the machine: FLOPs, achieved GFLOP/s and share of the precision's peak,
+    then the matmul rates measured per precision (GFLOP/s)."""
+    peaks = report["limit"]["peaks"]
+    shapes = list(next(iter(peaks.values()))["gflops"])
+    lines = ["| matmul (rows x in x out) | " + " | ".join(f"{p} GFLOP/s" for p in peaks) + " |",
+             "|---|" + "---|" * len(peaks)]
+    lines += [f"| {shape} | " + " | ".join(f"{peaks[p]['gflops'][shape]:.0f}" for p in peaks) + " |" for shape in shapes]
+    return markdown_table(report["rows"], LIMIT_COLUMNS) + "\n\n" + "\n".join(lines)

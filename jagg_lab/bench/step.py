@@ -50,8 +50,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from jagg_lab import cli
-from jagg_lab.bench.arms import _configs as experiment_configs, owns_rollouts, unused_settings
-from jagg_lab.module import GRPOModule
+from jagg_lab.bench.arms import OWN, _configs as experiment_configs, own_rollout_module, own_step, owns_rollouts, unused_settings
 from jagg_lab.bench.common import (
     check_device,
     check_minimum,
@@ -64,9 +63,8 @@ from jagg_lab.bench.common import (
     training_setting,
     write_json,
 )
-from jagg_lab.bench.limit import count_flops, linear_shapes, matmul_peaks
+from jagg_lab.bench.limit import achieved, limit_table, step_limit
 from jagg_lab.bench.report import markdown_table
-from jagg_lab.policies.base import guided_velocity_fn
 from jagg_lab.rewards.base import check_scores
 from jagg_lab.sampling.rollout import ODE_SOLVERS
 
@@ -231,7 +229,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         for name, own_module in own.items():
             for precision in args.precisions:
                 with precision_context(precision, args.device):
-                    seconds, scores, components, stats = _own_step(own_module, prompts, metadata, group_ids, i, args.device)
+                    seconds, scores, components, stats = own_step(own_module, prompts, metadata, group_ids, i, args.device)
                     calls[f"{OWN}:{name}"] = stats.pop("rollout_forwards")
                     if timed:
                         entry = times[name, OWN, precision]
@@ -245,7 +243,8 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         progress(f"round {i + 1}/{args.warmup + args.rounds} ({'warm-up' if not timed else 'timed'}), "
                  f"{time.perf_counter() - start:.0f} s")
     wall = time.perf_counter() - start
-    limit = _limit(args, module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of) if args.limit else None
+    limit = (step_limit(module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of, args.device,
+                        args.precisions) if args.limit else None)
     trained = {name: len(module.objective.trained_steps) for name in strategies}
     trained.update({name: len(m.grpo.trained_steps(m.sampler.num_steps)) for name, m in own.items()})
 
@@ -285,7 +284,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
             row["strict_vs_reference"], row["strict_vs_reference_se"] = _paired(strict[key, precision], strict[ref_setting])
         row["rollout_share"] = row["rollout_s"] / step
         if limit is not None and spec != OWN:
-            row.update(_achieved(row, limit, name, spec, per_rollout))
+            row.update(achieved(row, limit, name, spec, per_rollout))
         rows.append(row)
     ref = next(r for r in rows if (r["experiment"], r["rollout"], r["precision"]) == (experiment, *ref_setting))
     for row in rows:
@@ -325,89 +324,6 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     }
 
 
-OWN = "own"  # the rollout setting of an experiment that samples its own rollouts
-
-
-def own_rollout_module(cfg, shared: GRPOModule) -> GRPOModule:
-    """A module for an experiment with its own rollouts (`owns_rollouts`), on the shared module's
-    policy: its objective, its grpo settings (a window), the shared sampler and reward."""
-    return GRPOModule(policy=shared.policy, sampler=shared.sampler, reward=shared.reward, strategy=instantiate(cfg.strategy),
-                      grpo=instantiate(cfg.grpo), optimizer=lambda params: None, group_size=shared.group_size,
-                      seed=shared.seed, sample_every=0, objective=instantiate(cfg.objective)).to(shared.device)
-
-
-def _own_step(module: GRPOModule, prompts: list[str], metadata: list[dict], group_ids: torch.Tensor, index: int,
-              device: str) -> tuple[dict, torch.Tensor, dict, dict]:
-    """One training step's rollout, reward and gradient phase of an experiment with its own rollouts:
-    (seconds per phase, scores, reward components, the gradient phase's stats with the step's
-    clip_frac, ratio_mean and the rollout's policy calls)."""
-    module.policy.eval()
-    sync(device)
-    t0 = time.perf_counter()
-    rollout = module.make_rollout(prompts, module.rollout_generator(index), index)
-    sync(device)
-    t1 = time.perf_counter()
-    components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
-    scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
-    t2 = time.perf_counter()
-    advantages = module.advantages(scores, group_ids, index)  # the objective's per-sample weights
-    module.policy.zero_grad(set_to_none=True)
-    everything = torch.arange(len(prompts), device=device)  # the whole rollout, on-policy, as the shared rows
-    sync(device)
-    t3 = time.perf_counter()
-    stats = module.accumulate_gradients(rollout, advantages, everything, on_policy=True, chunk_size=len(prompts),
-                                         index=index)
-    sync(device)
-    t4 = time.perf_counter()
-    means = module.step_means()
-    for metric in module.step_metrics.values():
-        metric.reset()
-    module.policy.zero_grad(set_to_none=True)
-    stats.update(clip_frac=means["clip_frac"], ratio_mean=means["ratio_mean"], rollout_forwards=rollout.forwards)
-    return {"rollout": t1 - t0, "reward": t2 - t1, "gradient": t4 - t3}, scores, components, stats
-
-
-def _limit(args: StepArgs, module, strategies: dict, samplers: dict, prompts: list[str], metadata: list[dict],
-           group_ids: torch.Tensor, micro_batches: int, rollout_of: Callable) -> dict:
-    """FLOPs of each phase on the last round's prompts (float32: a precision changes no count) and
-    the matmul peaks of each precision, measured after the timed rounds."""
-    flops: dict = {"rollout": {}, "reward": {}, "gradient": {}}
-    for spec in samplers:
-        flops["rollout"][spec], rollout = count_flops(lambda: rollout_of(spec, prompts, 0))
-        flops["reward"][spec], components = count_flops(
-            lambda: module.reward.components(module.policy.decode(rollout.final), prompts, metadata))
-        scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(args.device)
-        advantages = module.advantages(scores, group_ids, 0)
-        for name, strategy in strategies.items():
-            flops["gradient"][name, spec], _ = count_flops(
-                lambda: gradient_phase(module, strategy, rollout, advantages, args.device, micro_batches=micro_batches))
-            module.policy.zero_grad(set_to_none=True)
-    # the shapes of one rollout call, its rows as the rollout batches them
-    x = torch.zeros(len(prompts), *module.policy.sample_shape, device=args.device)
-    with torch.inference_mode():
-        cond = module.policy.encode_prompts(prompts)
-        null_cond = module.policy.encode_prompts([""])
-        velocity = guided_velocity_fn(module.policy, cond, null_cond, module.sampler.guidance)
-        shapes = linear_shapes(module.policy, lambda: velocity(x, torch.full((len(prompts),), 0.5, device=args.device)))
-    return {"flops": {phase: {"/".join(k) if isinstance(k, tuple) else k: v for k, v in per.items()} for phase, per in flops.items()},
-            "model_shapes": [str(s) for s in shapes], "peaks": matmul_peaks(shapes, args.precisions, args.device)}
-
-
-def _achieved(row: dict, limit: dict, name: str, spec: str, per_rollout: int) -> dict:
-    """A row's GFLOP per phase (per optimizer step) and each phase's share of its precision's peak."""
-    peak = limit["peaks"][row["precision"]]["peak"]
-    gflop = {"rollout": limit["flops"]["rollout"][spec] / per_rollout / 1e9,
-             "reward": limit["flops"]["reward"][spec] / per_rollout / 1e9,
-             "gradient": limit["flops"]["gradient"][f"{name}/{spec}"] / per_rollout / 1e9}
-    out = {f"{phase}_gflop": value for phase, value in gflop.items()}
-    for phase in ("rollout", "gradient"):
-        out[f"{phase}_gflops_per_s"] = gflop[phase] / row[f"{phase}_s"]
-        out[f"{phase}_peak_share"] = out[f"{phase}_gflops_per_s"] / peak
-    out["step_gflop"] = sum(gflop.values())
-    out["step_peak_share"] = out["step_gflop"] / row["step_s"] / peak
-    return out
-
-
 COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("precision", "precision", "{}"),
            ("rollout_calls", "rollout calls", "{}"),
            ("rollout_s", "rollout s", "{:.2f}"), ("reward_s", "reward s", "{:.3f}"), ("backward_items", "backward items", "{:g}"),
@@ -415,26 +331,8 @@ COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("p
            ("step_speedup", "step x reference", "{:.2f}"), ("clip_frac", "clip frac", "{:.3f}"), ("reward_mean", "reward", "{:.3f}"),
            ("reward_vs_reference", "reward vs reference", "{:+.3f}"), ("reward_vs_reference_se", "+-", "{:.3f}")]
 
-LIMIT_COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("precision", "precision", "{}"),
-                 ("rollout_gflop", "rollout GFLOP", "{:.1f}"), ("rollout_gflops_per_s", "rollout GFLOP/s", "{:.0f}"),
-                 ("rollout_peak_share", "rollout share of peak", "{:.2f}"), ("gradient_gflop", "gradient GFLOP", "{:.1f}"),
-                 ("gradient_gflops_per_s", "gradient GFLOP/s", "{:.0f}"), ("gradient_peak_share", "gradient share of peak", "{:.2f}"),
-                 ("step_peak_share", "step share of peak", "{:.2f}")]
-
-
 def table(report: dict) -> str:
     return markdown_table(report["rows"], COLUMNS)
-
-
-def limit_table(report: dict) -> str:
-    """The phases against the machine: FLOPs, achieved GFLOP/s and share of the precision's peak,
-    then the matmul rates measured per precision (GFLOP/s)."""
-    peaks = report["limit"]["peaks"]
-    shapes = list(next(iter(peaks.values()))["gflops"])
-    lines = ["| matmul (rows x in x out) | " + " | ".join(f"{p} GFLOP/s" for p in peaks) + " |",
-             "|---|" + "---|" * len(peaks)]
-    lines += [f"| {shape} | " + " | ".join(f"{peaks[p]['gflops'][shape]:.0f}" for p in peaks) + " |" for shape in shapes]
-    return markdown_table(report["rows"], LIMIT_COLUMNS) + "\n\n" + "\n".join(lines)
 
 
 def _main(args: StepArgs) -> int:
