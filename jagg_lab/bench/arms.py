@@ -87,7 +87,7 @@ def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
     """Each experiment's training config; ValueError naming the experiment whose composition
     fails or whose shared settings differ from the first's, before any model is built.
     own_rollouts (`bench step`): an experiment may sample its own rollouts, with another objective
-    (objective=awm | nft) or a moving SDE window (grpo.window_*); `bench arms` times strategies on
+    (objective=awm | nft) or a moving SDE window (grpo.sde_window*); `bench arms` times strategies on
     one shared rollout and refuses both."""
     configs = {}
     for name in args.experiments:
@@ -114,7 +114,7 @@ def _configs(args: ArmsArgs, own_rollouts: bool = False) -> dict:
         for group in SHARED:
             a, b = (OmegaConf.to_container(configs[n][group], resolve=True) for n in (first, name))
             if own_rollouts and owns_rollouts(configs[name]) and group == "grpo":
-                a, b = ({k: v for k, v in d.items() if not k.startswith("window_")} for d in (a, b))
+                a, b = ({k: v for k, v in d.items() if not k.startswith("sde_window")} for d in (a, b))
             if a != b:
                 keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
                 raise ValueError(f"experiments: {name} differs from {first} in {', '.join(f'{group}.{k}' for k in keys)}; "
