@@ -5,10 +5,12 @@ A checkpoint is a pickle, and unpickling can call any function the file names. j
 checkpoints hold only tensors, numbers, strings and containers of them, so every checkpoint a
 user names (`resume=`, `policy.checkpoint=`, `jagg_lab.evaluate run=`) is read with torch's
 `weights_only=True` unpickler, which builds nothing else; a file that needs anything else is
-refused with one line naming the key, the file and what it holds.
+refused with one line naming the key, the file and what it holds. A sharded checkpoint
+(trainer=fsdp: a directory) is checked part by part the same way before anything reads it.
 """
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import random
@@ -24,7 +26,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from jagg_lab.rundir import ConfigError
 
 __all__ = ["AtomicCheckpointIO", "UNSAFE", "load_checkpoint", "refuse_unsafe", "rng_state", "set_rng_state",
-           "publish_dir", "recover_published", "remove_leftover_writes", "PICKLED_WEIGHTS", "refuse_pickled_weights"]
+           "publish_dir", "recover_published", "remove_leftover_writes", "PICKLED_WEIGHTS", "refuse_pickled_weights",
+           "METADATA", "read_sharded_checkpoint"]
 
 UNSAFE = "holds Python objects that jagg_lab checkpoints never contain"
 
@@ -175,3 +178,69 @@ def _running(pid: int) -> bool:
         return True
     return True
 
+
+# ---- sharded checkpoints (trainer=fsdp: a directory of shards) ---------------------------
+METADATA = "meta.pt"  # what Lightning writes beside the shards: counters, RNG states, ...
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint's `.metadata` is a plain pickle (protocol 4, which torch's
+    weights_only unpickler does not read): unpickled with the globals its writer uses and no
+    others, Python's documented way to restrict a pickle."""
+
+    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+               ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+               ("pathlib", "Path"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
+
+    def find_class(self, module: str, name: str):
+        found = super().find_class(module, name) if module.startswith("torch") or module in ("collections", "pathlib") else None
+        if ((module, name) in self.ALLOWED or module == "torch.distributed.checkpoint.metadata"
+                or (module == "torch" and isinstance(found, torch.dtype))):
+            return found
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def _check_shards(path: Path, key: str):
+    """The metadata of a sharded checkpoint, read without running code, after checking that every
+    non-tensor entry in the shards (torch.save bytes, which torch.distributed.checkpoint later
+    unpickles unrestricted) loads with weights_only=True."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    try:
+        with open(path / ".metadata", "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except pickle.UnpicklingError as err:
+        raise refuse_unsafe(key, path / ".metadata", str(err)) from None
+    except Exception as err:
+        raise ConfigError(f"{key}: {path / '.metadata'} is not a readable checkpoint ({type(err).__name__})") from err
+    for fqn, entry in metadata.state_dict_metadata.items():
+        if not isinstance(entry, BytesStorageMetadata):
+            continue
+        info = metadata.storage_data[MetadataIndex(fqn)]
+        shard = path / info.relative_path
+        if getattr(info, "transform_descriptors", None) or shard.parent != path:
+            raise ConfigError(f"{key}: {path}: entry {fqn} is stored in a way jagg_lab checkpoints never are")
+        with open(shard, "rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.length)
+        try:
+            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise refuse_unsafe(key, shard, f"entry {fqn}") from None
+        except Exception as err:
+            raise ConfigError(f"{key}: {shard} is not a readable checkpoint (entry {fqn}: {type(err).__name__})") from err
+    return metadata
+
+
+def read_sharded_checkpoint(path: str | Path, key: str = "resume") -> dict:
+    """What a sharded checkpoint directory holds besides the shards (counters, RNG states),
+    with a clear error for a directory that is not one; every part of it is checked to load
+    without running code before anything reads it (`key`: the setting that named it)."""
+    path = Path(path)
+    if not (path / ".metadata").is_file() or not (path / METADATA).is_file():
+        raise ConfigError(f"{key}: {path} is a directory but not a sharded checkpoint (no .metadata and {METADATA})")
+    _check_shards(path, key)
+    state = load_checkpoint(path / METADATA, key)
+    if "rollouts_done" not in state:
+        raise ConfigError(f"{key}: {path} is not a jagg_lab training checkpoint (missing rollouts_done)")
+    return state

@@ -27,10 +27,8 @@ that single-process tools read.
 """
 from __future__ import annotations
 
-import io
 import logging
 import os
-import pickle
 import shutil
 import sys
 from dataclasses import dataclass
@@ -45,16 +43,15 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.swa_utils import AveragedModel
 
-from jagg_lab.checkpointing import publish_dir, recover_published
+from jagg_lab.checkpointing import METADATA, publish_dir, read_sharded_checkpoint, recover_published
 from jagg_lab.strategies.core import flat_grad
 
 __all__ = ["FSDPStrategy", "shard_model", "is_sharded", "gather_for_passes", "reduce_scatter_gradients", "sum_gradients",
-           "export_weights", "memory_mib", "read_sharded_checkpoint", "consolidate_checkpoint"]
+           "export_weights", "memory_mib", "METADATA", "read_sharded_checkpoint", "consolidate_checkpoint"]
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-METADATA = "meta.pt"  # what Lightning writes beside the shards: counters, RNG states, ...
 
 
 def _dtype(key: str, name: str | None) -> torch.dtype | None:
@@ -295,75 +292,6 @@ def resident_mib() -> float:
 
 
 # ---- sharded checkpoints outside training ------------------------------------------------
-class _MetadataUnpickler(pickle.Unpickler):
-    """torch.distributed.checkpoint's `.metadata` is a plain pickle (protocol 4, which torch's
-    weights_only unpickler does not read): unpickled with the globals its writer uses and no
-    others, Python's documented way to restrict a pickle."""
-
-    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-               ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-               ("pathlib", "Path"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
-
-    def find_class(self, module: str, name: str):
-        found = super().find_class(module, name) if module.startswith("torch") or module in ("collections", "pathlib") else None
-        if ((module, name) in self.ALLOWED or module == "torch.distributed.checkpoint.metadata"
-                or (module == "torch" and isinstance(found, torch.dtype))):
-            return found
-        raise pickle.UnpicklingError(f"{module}.{name}")
-
-
-def _check_shards(path: Path, key: str):
-    """The metadata of a sharded checkpoint, read without running code, after checking that every
-    non-tensor entry in the shards (torch.save bytes, which torch.distributed.checkpoint later
-    unpickles unrestricted) loads with weights_only=True."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
-
-    from jagg_lab.checkpointing import refuse_unsafe
-    from jagg_lab.rundir import ConfigError
-
-    try:
-        with open(path / ".metadata", "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-    except pickle.UnpicklingError as err:
-        raise refuse_unsafe(key, path / ".metadata", str(err)) from None
-    except Exception as err:
-        raise ConfigError(f"{key}: {path / '.metadata'} is not a readable checkpoint ({type(err).__name__})") from err
-    for fqn, entry in metadata.state_dict_metadata.items():
-        if not isinstance(entry, BytesStorageMetadata):
-            continue
-        info = metadata.storage_data[MetadataIndex(fqn)]
-        shard = path / info.relative_path
-        if getattr(info, "transform_descriptors", None) or shard.parent != path:
-            raise ConfigError(f"{key}: {path}: entry {fqn} is stored in a way jagg_lab checkpoints never are")
-        with open(shard, "rb") as f:
-            f.seek(info.offset)
-            data = f.read(info.length)
-        try:
-            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            raise refuse_unsafe(key, shard, f"entry {fqn}") from None
-        except Exception as err:
-            raise ConfigError(f"{key}: {shard} is not a readable checkpoint (entry {fqn}: {type(err).__name__})") from err
-    return metadata
-
-
-def read_sharded_checkpoint(path: str | Path, key: str = "resume") -> dict:
-    """What a sharded checkpoint directory holds besides the shards (counters, RNG states),
-    with a clear error for a directory that is not one; every part of it is checked to load
-    without running code before anything reads it (`key`: the setting that named it)."""
-    from jagg_lab.checkpointing import load_checkpoint
-    from jagg_lab.rundir import ConfigError
-
-    path = Path(path)
-    if not (path / ".metadata").is_file() or not (path / METADATA).is_file():
-        raise ConfigError(f"{key}: {path} is a directory but not a sharded checkpoint (no .metadata and {METADATA})")
-    _check_shards(path, key)
-    state = load_checkpoint(path / METADATA, key)
-    if "rollouts_done" not in state:
-        raise ConfigError(f"{key}: {path} is not a jagg_lab training checkpoint (missing rollouts_done)")
-    return state
-
-
 def consolidate_checkpoint(checkpoint: str | Path, out: str | Path) -> None:
     """A sharded checkpoint as one file in one process: its full `state_dict` and metadata,
     in the layout of a single-process checkpoint (`DiTPolicy(checkpoint=OUT)`,

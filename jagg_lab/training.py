@@ -30,12 +30,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from jagg_lab.callbacks import HeldoutEval, RunSummary, SafeStop, SampleGrids, quiet_third_party
 from jagg_lab.callbacks.interrupt import parent_ended
-from jagg_lab.checkpointing import AtomicCheckpointIO, load_checkpoint, recover_published, remove_leftover_writes
+from jagg_lab.checkpointing import (AtomicCheckpointIO, load_checkpoint, read_sharded_checkpoint, recover_published,
+                                    remove_leftover_writes)
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
 from jagg_lab.module import GRPOModule
 from jagg_lab.objectives import Objective, TrajectoryGRPO
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, disk_full, disk_full_message, remove_run_outputs, run_logger
-from jagg_lab.sharding import read_sharded_checkpoint
 from jagg_lab.sweeps import idle_worker_ignores_signals, in_local_sweep, mark_sweep_stopping, sweep_stopping
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,10 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     data = _instantiate(cfg, "data")
     try:
         grpo.check_batch(data.samples_per_step)
-        sampler.ode_phases(grpo.trained_steps(sampler.num_steps)) if grpo.sde_window is None else grpo.sde_window_bounds(sampler.num_steps)
+        if grpo.sde_window is None:
+            sampler.ode_phases(grpo.trained_steps(sampler.num_steps))
+        else:
+            grpo.sde_window_bounds(sampler.num_steps)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     check_world_size(cfg, data.samples_per_step)
