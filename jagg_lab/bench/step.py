@@ -3,6 +3,7 @@
     python -m jagg_lab.bench step "experiments=[full,subsample_w6]" "rollouts=[sde,euler:1,euler:1+compile]" out=FILE.json
     python -m jagg_lab.bench step "experiments=[subsample_w6,full]" "precisions=[32-true,bf16-mixed]" limit=true out=FILE.json
     python -m jagg_lab.bench step "experiments=[full,subsample_w6,awm,nft,flow_grpo_fast,mixgrpo]" "rollouts=[sde]" out=FILE.json
+    python -m jagg_lab.bench step "experiments=[subsample_w6,awm]" "rollouts=[sde]" rounds=1 profile=true out=FILE.json
 
 Users pay for whole steps: the rollout (SDE sampling, no grad), the reward, and the gradient
 phase. Each round draws one prompt batch of the training stream (as `bench arms` does), then
@@ -32,6 +33,8 @@ gradient phase alike; each row reports the on-policy step's clip_frac and ratio_
 reward paired with the reference row's. `limit=true` adds what the machine could do (see
 `jagg_lab.bench.limit`): FLOPs per phase, the matmul peak of each precision on the model's
 largest linear shapes and a large square, and each phase's achieved share of its precision's peak.
+`profile=true` adds one more step per experiment under torch.profiler and keeps its ops ranked by
+self CPU time (`jagg_lab.bench.profile`): where the time goes that the FLOP count leaves out.
 """
 from __future__ import annotations
 
@@ -64,11 +67,12 @@ from jagg_lab.bench.common import (
     write_json,
 )
 from jagg_lab.bench.limit import achieved, limit_table, step_limit
+from jagg_lab.bench.profile import MATMUL_OPS, profile_steps, profile_table
 from jagg_lab.bench.report import markdown_table
 from jagg_lab.rewards.base import check_scores
 from jagg_lab.sampling.rollout import ODE_SOLVERS
 
-__all__ = ["StepArgs", "RolloutSetting", "parse_rollout", "bench_step", "table", "limit_table", "main"]
+__all__ = ["StepArgs", "RolloutSetting", "parse_rollout", "bench_step", "table", "limit_table", "profile_table", "main"]
 
 PROG = "python -m jagg_lab.bench step"
 
@@ -107,6 +111,8 @@ class StepArgs:
     precisions: list[str] = field(default_factory=lambda: ["32-true"])  # trainer.precision values, each setting in each
     reference: str | None = None  # "EXPERIMENT/ROLLOUT[/PRECISION]" the ratios are of (None: the first of each)
     limit: bool = False  # also count FLOPs per phase and measure the matmul peak of each precision
+    profile: bool = False  # also profile one more step per experiment (torch.profiler): its ops by self CPU time
+    profile_top: int = 15  # ops kept per profiled step
     overrides: list[str] = field(default_factory=list)  # training-config overrides for every experiment
     rounds: int = 5  # timed rounds, one prompt batch each
     warmup: int = 1  # untimed rounds before them (compilation happens here)
@@ -125,7 +131,7 @@ class StepArgs:
             if experiment not in self.experiments or rollout not in self.rollouts or (precision and precision not in self.precisions):
                 raise ValueError(f"reference: {self.reference!r} is not EXPERIMENT/ROLLOUT[/PRECISION] of {self.experiments} x "
                                  f"{self.rollouts} x {self.precisions}")
-        check_minimum(self, {"rounds": 1, "warmup": 0})
+        check_minimum(self, {"rounds": 1, "warmup": 0, "profile_top": 1})
         check_device(self.device)
         if self.out is not None and Path(self.out).exists():
             raise ValueError(f"out: {self.out} already exists; choose a new file")
@@ -245,6 +251,8 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     wall = time.perf_counter() - start
     limit = (step_limit(module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of, args.device,
                         args.precisions) if args.limit else None)
+    profiles = profile_steps(_one_steps(module, own, strategies, settings[0], rollout_of, prompts, metadata, group_ids,
+                                        micro_batches, args.device), args.device, args.profile_top) if args.profile else None
     trained = {name: len(module.objective.trained_steps) for name in strategies}
     trained.update({name: len(m.grpo.trained_steps(m.sampler.num_steps)) for name, m in own.items()})
 
@@ -310,6 +318,10 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     for name, cfg in arms.items():  # what training would refuse, timed anyway: said, never silent
         for line in unused_settings(name, cfg):
             notes.append(f"not used: {line}")
+    if profiles is not None:
+        notes.append("profile: one more step per experiment after the timed rounds (its rollout in the first rollout setting "
+                     "and precision, reward and gradient phase) under torch.profiler; ops ranked by self CPU time, "
+                     f"the top {args.profile_top} kept; matmul_share: the step's self CPU time in {', '.join(MATMUL_OPS)}")
     if limit is not None:
         notes.append("gflop: torch.utils.flop_counter's count of one phase (matrix products, convolutions, attention; "
                      "elementwise work counts nothing), per optimizer step; *_peak_share: the phase's GFLOP/s over the "
@@ -320,6 +332,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         "samples_per_rollout": samples, "micro_batches": micro_batches, "optimizer_steps_per_rollout": per_rollout,
         "machine": {**machine(args.device), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "wall_s": wall, "notes": notes, **({"limit": limit} if limit is not None else {}),
+        **({"profile": profiles} if profiles is not None else {}),
         "rows": rows,
     }
 
@@ -330,6 +343,28 @@ COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("p
            ("gradient_s", "gradient s", "{:.2f}"), ("step_s", "step s", "{:.2f}"), ("rollout_share", "rollout share", "{:.2f}"),
            ("step_speedup", "step x reference", "{:.2f}"), ("clip_frac", "clip frac", "{:.3f}"), ("reward_mean", "reward", "{:.3f}"),
            ("reward_vs_reference", "reward vs reference", "{:+.3f}"), ("reward_vs_reference_se", "+-", "{:.3f}")]
+
+def _one_steps(module, own: dict, strategies: dict, setting: tuple[str, str], rollout_of: Callable, prompts: list[str],
+               metadata: list[dict], group_ids: torch.Tensor, micro_batches: int, device: str) -> dict:
+    """{experiment: (setting, one training step of it as a row times it)} for `profile=true`."""
+    spec, precision = setting
+
+    def shared(strategy) -> None:
+        with precision_context(precision, device):
+            rollout = rollout_of(spec, prompts, 0)
+            components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
+            scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
+            gradient_phase(module, strategy, rollout, module.advantages(scores, group_ids, 0), device, micro_batches=micro_batches)
+            module.policy.zero_grad(set_to_none=True)
+
+    def own_rollouts(own_module) -> None:
+        with precision_context(precision, device):
+            own_step(own_module, prompts, metadata, group_ids, 0, device)
+
+    steps = {name: (f"rollout {spec}, {precision}", lambda s=strategy: shared(s)) for name, strategy in strategies.items()}
+    steps.update({name: (f"rollout {OWN}, {precision}", lambda m=m: own_rollouts(m)) for name, m in own.items()})
+    return steps
+
 
 def table(report: dict) -> str:
     return markdown_table(report["rows"], COLUMNS)
@@ -348,6 +383,8 @@ def _main(args: StepArgs) -> int:
     sys.stdout.write(table(report) + "\n")
     if "limit" in report:
         sys.stdout.write("\n" + limit_table(report) + "\n")
+    if "profile" in report:
+        sys.stdout.write("\n" + profile_table(report) + "\n")
     return 0
 
 

@@ -91,7 +91,12 @@ def test_precisions_run_side_by_side_and_limit_counts_flops_against_each_peak(tm
     peaks = report["limit"]["peaks"]
     assert set(peaks) == {"32-true", "bf16-mixed"}
     assert sorted(peaks["bf16-mixed"]["gflops"]) == ["4096x4096x4096", "584x128x128", "584x128x384", "584x128x512", "584x512x128"]
-    assert "share of peak" in capsys.readouterr().out
+    # the machine's bf16 against float32, and whether it has bf16 instructions at all (what the default precision follows)
+    ratio = report["limit"]["bf16_over_float32"]
+    assert ratio["peak"] == pytest.approx(peaks["bf16-mixed"]["peak"] / peaks["32-true"]["peak"]) and ratio["square"] > 0
+    assert report["limit"]["cpu_bf16"] == report["machine"]["cpu_bf16"]
+    printed = capsys.readouterr().out
+    assert "share of peak" in printed and "native bf16 instructions" in printed
 
 
 def test_a_bad_precision_is_refused(capsys):
@@ -125,3 +130,24 @@ def test_bench_arms_refuses_an_experiment_with_its_own_rollouts(capsys):
     assert "nft samples its own rollouts" in capsys.readouterr().err
     assert main(["step", "experiments=[mixgrpo,full]"]) == 2
     assert "put a trajectory experiment first" in capsys.readouterr().err
+
+
+def test_profile_ranks_each_experiments_ops_by_self_cpu_time(tmp_path, capsys):
+    """profile=true: one more step per experiment (shared or own rollouts) under torch.profiler;
+    its ops ranked by self CPU time with shares that add up, the matrix products among them."""
+    out = tmp_path / "step.json"
+    code = main(["step", f"out={out}", "experiments=[full,awm]", "rollouts=[sde]", "rounds=1", "warmup=0", "profile=true",
+                 "profile_top=6", f"overrides=[{','.join(TINY)}]"])
+    assert code == 0
+    profile = json.loads(out.read_text())["profile"]
+    assert set(profile) == {"full", "awm"} and profile["awm"]["setting"].startswith("rollout own")
+    for prof in profile.values():
+        ops = prof["ops"]
+        assert len(ops) == 6 and [o["self_cpu_s"] for o in ops] == sorted((o["self_cpu_s"] for o in ops), reverse=True)
+        assert 0 < sum(o["share"] for o in ops) <= 1 + 1e-9 and all(o["calls"] >= 1 for o in ops)
+        assert 0 < prof["matmul_share"] < 1  # a DiT step is neither all matmul nor none
+    assert "of it in matrix products" in capsys.readouterr().out
+
+
+def test_profile_top_must_keep_an_op(capsys):
+    assert main(["step", "profile=true", "profile_top=0"]) == 2 and "profile_top" in capsys.readouterr().err
