@@ -41,6 +41,7 @@ from jagg_lab.worlds.shapes import sample_prompt
 __all__ = [
     "training_config", "training_setting", "training_rollout",
     "dit_policy", "project_path", "grpo_module", "grouped_prompts", "advantages", "sync", "gradient_phase", "machine",
+    "BF16_FLAGS", "cpu_bf16_flags",
     "PRECISIONS", "precision_context", "check_precisions",
     "MEMORY_METHODS", "Memory", "is_out_of_memory", "free_memory", "limit_memory", "measure_memory",
     "check_device", "check_minimum", "check_resolution", "check_sampling", "command_line", "write_json",
@@ -279,7 +280,23 @@ def machine(device: str) -> dict:
         "platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "python": platform.python_version(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_bf16_flags(),
     }
+
+
+# CPU flags of native bfloat16 arithmetic (Linux /proc/cpuinfo names): AMX tiles, AVX-512 BF16 dot products
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_vnni_bf16", "avx_ne_convert")
+
+
+def cpu_bf16_flags() -> list[str]:
+    """The CPU's native bfloat16 instruction sets (BF16_FLAGS it reports; [] where none or unknown):
+    without one, bfloat16 matmuls are converted in software and cannot beat float32."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in BF16_FLAGS if f in flags]
 
 
 def command_line(args: object, prog: str) -> str:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from jagg_lab.bench.common import gradient_phase
+from jagg_lab.bench.common import cpu_bf16_flags, gradient_phase
 from jagg_lab.bench.report import markdown_table
 from jagg_lab.policies.base import guided_velocity_fn
 from jagg_lab.rewards.base import check_scores
@@ -122,8 +122,12 @@ def step_limit(module, strategies: dict, samplers: dict, prompts: list[str], met
         null_cond = module.policy.encode_prompts([""])
         velocity = guided_velocity_fn(module.policy, cond, null_cond, module.sampler.guidance)
         shapes = linear_shapes(module.policy, lambda: velocity(x, torch.full((len(prompts),), 0.5, device=device)))
+    peaks = matmul_peaks(shapes, list(dict.fromkeys([*precisions, *DTYPES])), device)  # both dtypes, whatever ran
     return {"flops": {phase: {"/".join(k) if isinstance(k, tuple) else k: v for k, v in per.items()} for phase, per in flops.items()},
-            "model_shapes": [str(s) for s in shapes], "peaks": matmul_peaks(shapes, precisions, device)}
+            "model_shapes": [str(s) for s in shapes], "peaks": peaks,
+            "bf16_over_float32": {"peak": peaks["bf16-mixed"]["peak"] / peaks["32-true"]["peak"],
+                                  "square": peaks["bf16-mixed"]["square"] / peaks["32-true"]["square"]},
+            "cpu_bf16": [] if device.startswith("cuda") else cpu_bf16_flags()}
 
 
 def achieved(row: dict, limit: dict, name: str, spec: str, per_rollout: int) -> dict:
@@ -156,4 +160,8 @@ def limit_table(report: dict) -> str:
     lines = ["| matmul (rows x in x out) | " + " | ".join(f"{p} GFLOP/s" for p in peaks) + " |",
              "|---|" + "---|" * len(peaks)]
     lines += [f"| {shape} | " + " | ".join(f"{peaks[p]['gflops'][shape]:.0f}" for p in peaks) + " |" for shape in shapes]
+    ratio, flags = report["limit"]["bf16_over_float32"], report["limit"]["cpu_bf16"]
+    lines += ["", f"bf16 matmul over float32: {ratio['peak']:.2f}x at the peaks, {ratio['square']:.2f}x on the square; "
+              f"native bf16 instructions: {', '.join(flags) if flags else 'none'} "
+              f"(torch CPU capability {report['machine'].get('cpu_capability', '?')})"]
     return markdown_table(report["rows"], LIMIT_COLUMNS) + "\n\n" + "\n".join(lines)
