@@ -182,9 +182,11 @@ def sync(device: str) -> None:
 
 
 def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Rollout, advantages: torch.Tensor,
-                   device: str, micro_batches: int = 1, steps: list | None = None, index: int = 0) -> tuple[float, dict]:
+                   device: str, micro_batches: int = 1, steps: list | None = None, index: int = 0,
+                   forward: Callable | None = None) -> tuple[float, dict]:
     """What a training step runs after its rollout (number `index`: its drawn blocks), on-policy,
-    from zeroed gradients (left in .grad): the whole batch in `micro_batches` micro-batches (1: one). Returns (seconds, the
+    from zeroed gradients (left in .grad): the whole batch in `micro_batches` micro-batches (1: one).
+    forward: what the strategy calls as the policy (default the policy; e.g. a torch.compile of it). Returns (seconds, the
     strategy's stats combined over micro-batches: counts summed, the rest averaged); `steps`,
     if given, receives the loss statistics (StepStats) of every trained step of every micro-batch."""
     module.policy.train()
@@ -194,8 +196,9 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
     parts = []
     sync(device)
     start = time.perf_counter()
+    policy = module.policy if forward is None else forward  # (a compiled module refuses bool())
     for idx in torch.arange(total, device=rollout.final.device).chunk(micro_batches):
-        parts.append(module.objective.loss.backward(strategy, module.policy, rollout, advantages, idx, scale=len(idx) / total,
+        parts.append(module.objective.loss.backward(strategy, policy, rollout, advantages, idx, scale=len(idx) / total,
                                                     on_policy=True, params=params,
                                                     draw=module.objective.block_generator(idx, index)))
     sync(device)

@@ -13,9 +13,12 @@ from typing import Callable, TypeVar
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from jagg_lab.bench.arms import OWN, own_step
+from jagg_lab.bench.common import gradient_phase, precision_context
 from jagg_lab.bench.report import markdown_table
+from jagg_lab.rewards.base import check_scores
 
-__all__ = ["op_profile", "profile_steps", "profile_table", "MATMUL_OPS"]
+__all__ = ["op_profile", "one_steps", "profile_steps", "profile_table", "MATMUL_OPS"]
 
 T = TypeVar("T")
 
@@ -55,6 +58,29 @@ def profile_steps(steps: dict[str, tuple[str, Callable[[], object]]], device: st
         profiles[name], _ = op_profile(step, device, top)
         profiles[name]["setting"] = setting
     return profiles
+
+
+def one_steps(module, own: dict, strategies: dict, setting: tuple[str, str], rollout_of: Callable, prompts: list[str],
+               metadata: list[dict], group_ids: torch.Tensor, micro_batches: int, device: str) -> dict:
+    """{experiment: (setting, one training step of it as `bench step` times it)}: the shared-rollout
+    experiments' rollout in `setting` (rollout, precision), reward and gradient phase; the others' own step."""
+    spec, precision = setting
+
+    def shared(strategy) -> None:
+        with precision_context(precision, device):
+            rollout = rollout_of(spec, prompts, 0)
+            components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
+            scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
+            gradient_phase(module, strategy, rollout, module.advantages(scores, group_ids, 0), device, micro_batches=micro_batches)
+            module.policy.zero_grad(set_to_none=True)
+
+    def own_rollouts(own_module) -> None:
+        with precision_context(precision, device):
+            own_step(own_module, prompts, metadata, group_ids, 0, device)
+
+    steps = {name: (f"rollout {spec}, {precision}", lambda s=strategy: shared(s)) for name, strategy in strategies.items()}
+    steps.update({name: (f"rollout {OWN}, {precision}", lambda m=m: own_rollouts(m)) for name, m in own.items()})
+    return steps
 
 
 COLUMNS = [("op", "op", "`{}`"), ("self_cpu_s", "self CPU s", "{:.3f}"), ("share", "share", "{:.1%}"), ("calls", "calls", "{}")]

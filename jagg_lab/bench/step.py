@@ -33,7 +33,9 @@ gradient phase alike; each row reports the on-policy step's clip_frac and ratio_
 reward paired with the reference row's. `limit=true` adds what the machine could do (see
 `jagg_lab.bench.limit`): FLOPs per phase, the matmul peak of each precision on the model's
 largest linear shapes and a large square, and each phase's achieved share of its precision's peak.
-`profile=true` adds one more step per experiment under torch.profiler and keeps its ops ranked by
+`compile_gradient=true` adds a row EXPERIMENT+compile per shared-rollout experiment: its gradient phase
+with the policy's forward and backward through torch.compile, on the same rollouts (compiled in the
+warm-up rounds). `profile=true` adds one more step per experiment under torch.profiler and keeps its ops ranked by
 self CPU time (`jagg_lab.bench.profile`): where the time goes that the FLOP count leaves out.
 """
 from __future__ import annotations
@@ -67,7 +69,7 @@ from jagg_lab.bench.common import (
     write_json,
 )
 from jagg_lab.bench.limit import achieved, limit_table, step_limit
-from jagg_lab.bench.profile import MATMUL_OPS, profile_steps, profile_table
+from jagg_lab.bench.profile import MATMUL_OPS, one_steps, profile_steps, profile_table
 from jagg_lab.bench.report import markdown_table
 from jagg_lab.rewards.base import check_scores
 from jagg_lab.sampling.rollout import ODE_SOLVERS
@@ -112,6 +114,7 @@ class StepArgs:
     reference: str | None = None  # "EXPERIMENT/ROLLOUT[/PRECISION]" the ratios are of (None: the first of each)
     limit: bool = False  # also count FLOPs per phase and measure the matmul peak of each precision
     profile: bool = False  # also profile one more step per experiment (torch.profiler): its ops by self CPU time
+    compile_gradient: bool = False  # also each shared-rollout experiment's gradient phase compiled (rows EXPERIMENT+compile)
     profile_top: int = 15  # ops kept per profiled step
     overrides: list[str] = field(default_factory=list)  # training-config overrides for every experiment
     rounds: int = 5  # timed rounds, one prompt batch each
@@ -169,6 +172,9 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     module, data = training_setting(first, args.seed, args.device)
     own = {name: own_rollout_module(cfg, module) for name, cfg in arms.items() if owns_rollouts(cfg)}
     strategies = {name: instantiate(cfg.strategy) for name, cfg in arms.items() if name not in own}
+    compiled_policy = torch.compile(module.policy) if args.compile_gradient else None  # compiles in the warm-up round
+    compiled_phases = {f"{name}+compile": strategy for name, strategy in strategies.items()} if args.compile_gradient else {}
+    strategies.update(compiled_phases)
     micro_batches = data.samples_per_step // module.grpo.micro_batch_size
     per_rollout = module.grpo.optimizer_steps_per_rollout
     guidance_rows = 2 if module.sampler.guidance != 1.0 else 1
@@ -220,7 +226,8 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
                 for name in names[rotate % len(names):] + names[:rotate % len(names)]:
                     losses = []
                     seconds, stats = gradient_phase(module, strategies[name], rollout, advantages, args.device,
-                                                    micro_batches=micro_batches, steps=losses, index=i)
+                                                    micro_batches=micro_batches, steps=losses, index=i,
+                                                    forward=compiled_policy if name in compiled_phases else None)
                     stats["clip_frac"] = torch.stack([s.clip_frac for s in losses]).mean().item()
                     stats["ratio_mean"] = torch.stack([s.ratio_mean for s in losses]).mean().item()
                     if timed:
@@ -251,8 +258,9 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     wall = time.perf_counter() - start
     limit = (step_limit(module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of, args.device,
                         args.precisions) if args.limit else None)
-    profiles = profile_steps(_one_steps(module, own, strategies, settings[0], rollout_of, prompts, metadata, group_ids,
-                                        micro_batches, args.device), args.device, args.profile_top) if args.profile else None
+    eager = {name: strategy for name, strategy in strategies.items() if name not in compiled_phases}
+    profiles = profile_steps(one_steps(module, own, eager, settings[0], rollout_of, prompts, metadata, group_ids, micro_batches,
+                                        args.device), args.device, args.profile_top) if args.profile else None
     trained = {name: len(module.objective.trained_steps) for name in strategies}
     trained.update({name: len(m.grpo.trained_steps(m.sampler.num_steps)) for name, m in own.items()})
 
@@ -277,7 +285,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         row = {
             "experiment": name, "rollout": spec, "precision": precision,
             "tail": None if setting.tail_solver is None else [setting.tail_solver, setting.tail_steps],
-            "compile": setting.compile,
+            "compile": setting.compile, "gradient_compile": name in compiled_phases,
             "rollout_calls": calls[key], "rollout_rows": calls[key] * samples * guidance_rows, "reference_calls": kl_calls,
             "rollout_s": medians["rollout"] / per_rollout, "reward_s": medians["reward"] / per_rollout,
             "gradient_s": medians["gradient"], "step_s": step,
@@ -318,6 +326,10 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     for name, cfg in arms.items():  # what training would refuse, timed anyway: said, never silent
         for line in unused_settings(name, cfg):
             notes.append(f"not used: {line}")
+    if compiled_phases:
+        notes.append("EXPERIMENT+compile: the experiment's gradient phase with the policy's forward (and so its backward) "
+                     "through torch.compile (inductor), on the same rollouts; its compilation is paid in the warm-up "
+                     "round(s), so warmup >= 1 keeps it out of the medians")
     if profiles is not None:
         notes.append("profile: one more step per experiment after the timed rounds (its rollout in the first rollout setting "
                      "and precision, reward and gradient phase) under torch.profiler; ops ranked by self CPU time, "
@@ -343,28 +355,6 @@ COLUMNS = [("experiment", "experiment", "{}"), ("rollout", "rollout", "{}"), ("p
            ("gradient_s", "gradient s", "{:.2f}"), ("step_s", "step s", "{:.2f}"), ("rollout_share", "rollout share", "{:.2f}"),
            ("step_speedup", "step x reference", "{:.2f}"), ("clip_frac", "clip frac", "{:.3f}"), ("reward_mean", "reward", "{:.3f}"),
            ("reward_vs_reference", "reward vs reference", "{:+.3f}"), ("reward_vs_reference_se", "+-", "{:.3f}")]
-
-def _one_steps(module, own: dict, strategies: dict, setting: tuple[str, str], rollout_of: Callable, prompts: list[str],
-               metadata: list[dict], group_ids: torch.Tensor, micro_batches: int, device: str) -> dict:
-    """{experiment: (setting, one training step of it as a row times it)} for `profile=true`."""
-    spec, precision = setting
-
-    def shared(strategy) -> None:
-        with precision_context(precision, device):
-            rollout = rollout_of(spec, prompts, 0)
-            components = module.reward.components(module.policy.decode(rollout.final), prompts, metadata)
-            scores = check_scores(components["reward"], len(prompts), module.reward.name).float().to(device)
-            gradient_phase(module, strategy, rollout, module.advantages(scores, group_ids, 0), device, micro_batches=micro_batches)
-            module.policy.zero_grad(set_to_none=True)
-
-    def own_rollouts(own_module) -> None:
-        with precision_context(precision, device):
-            own_step(own_module, prompts, metadata, group_ids, 0, device)
-
-    steps = {name: (f"rollout {spec}, {precision}", lambda s=strategy: shared(s)) for name, strategy in strategies.items()}
-    steps.update({name: (f"rollout {OWN}, {precision}", lambda m=m: own_rollouts(m)) for name, m in own.items()})
-    return steps
-
 
 def table(report: dict) -> str:
     return markdown_table(report["rows"], COLUMNS)

@@ -151,3 +151,19 @@ def test_profile_ranks_each_experiments_ops_by_self_cpu_time(tmp_path, capsys):
 
 def test_profile_top_must_keep_an_op(capsys):
     assert main(["step", "profile=true", "profile_top=0"]) == 2 and "profile_top" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # compiles the policy (about a minute on 2 cores)
+def test_compiled_gradient_phase_gets_its_own_row_with_the_same_work(tmp_path):
+    """compile_gradient=true: each shared-rollout experiment also runs its gradient phase through a
+    torch.compile'd policy on the same rollouts: same backward items and on-policy ratio, a row of its own."""
+    out = tmp_path / "step.json"
+    code = main(["step", f"out={out}", "experiments=[full,subsample_w6]", "rollouts=[sde]", "rounds=1", "warmup=1",
+                 "compile_gradient=true", "overrides=[policy=dit_xs," + ",".join(TINY) + "]"])
+    assert code == 0
+    rows = {r["experiment"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"full", "subsample_w6", "full+compile", "subsample_w6+compile"}
+    for name in ("full", "subsample_w6"):
+        eager, compiled = rows[name], rows[f"{name}+compile"]
+        assert compiled["gradient_compile"] and not eager["gradient_compile"]
+        assert compiled["backward_items"] == eager["backward_items"] and compiled["ratio_mean"] == pytest.approx(1.0)
