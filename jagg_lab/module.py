@@ -160,7 +160,8 @@ class GRPOModule(ProcessWiring, StepUpdate, L.LightningModule):
         stats combined (`combine_stats`)."""
         self.policy.train()
         gather_for_passes(self.policy)  # FSDP: the one all-gather; the passes communicate nothing
-        return combine_stats([self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy, index)
+        at = {} if index is None else {"index": index}  # a subclass overriding the five-argument hook keeps working
+        return combine_stats([self.micro_batch_backward(rollout, advantages, idx, len(idx) / chunk_size, on_policy, **at)
                               for idx in chunk.split(self.grpo.micro_batch_size)])
 
     # ---- the GRPO step -------------------------------------------------------------
