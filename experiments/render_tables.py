@@ -97,14 +97,16 @@ def _header(titles: list[str]) -> list[str]:
 def whole_step_ratios() -> dict[str, tuple[float, str]]:
     """{experiment: (its whole step's seconds / full's, the file)} from every `bench step` report
     that timed `full` beside other experiments with the SDE rollout on the default task (the
-    shipped shapes DiT), in float32 as the table's runs trained; empty where no such report is
-    committed."""
+    shipped shapes DiT), in float32 and eager as the table's runs trained; empty where no such
+    report is committed."""
     ratios = {}
     for path in sorted((ROOT / STEP_DIR).glob("*.json")):
         report = json.loads(path.read_text())
         policy = report.get("setting", {}).get("policy", {})
         if policy.get("checkpoint") != "shipped":
             continue  # another model (e.g. a smoke run of SD3.5-Medium's shape)
+        if any(r.get("compile") or r.get("gradient_compile") for r in report["rows"]):
+            continue  # a report about compiling: the table's runs trained eager
         sde = {r["experiment"]: r["step_s"] for r in report["rows"]
                if r["rollout"] == "sde" and r.get("precision", "32-true") == "32-true"}
         if "full" in sde:
