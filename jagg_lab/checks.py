@@ -13,7 +13,6 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from jagg_lab.renamed import check_renamed
 from jagg_lab.rundir import ConfigError
 
 __all__ = ["check_missing", "check_types", "check_run_settings", "check_optimizer", "TRAINER_PRECISIONS"]
@@ -28,8 +27,6 @@ _OPTIMIZER_WORDS = {"learning rate": "lr", "epsilon": "eps", "beta": "betas", "w
 
 
 def check_missing(cfg: DictConfig) -> None:
-    """Missing values, and keys that were renamed (jagg_lab.renamed)."""
-    check_renamed(cfg, ConfigError)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing value for {', '.join(missing)} (set {missing[0]}=...)")

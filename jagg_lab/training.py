@@ -35,6 +35,7 @@ from jagg_lab.checkpointing import (AtomicCheckpointIO, load_checkpoint, read_sh
 from jagg_lab.checks import check_missing, check_optimizer, check_run_settings, check_types
 from jagg_lab.module import GRPOModule
 from jagg_lab.objectives import Objective, TrajectoryGRPO
+from jagg_lab.renamed import check_renamed
 from jagg_lab.rundir import ConfigError, check_fresh_run_dir, disk_full, disk_full_message, remove_run_outputs, run_logger
 from jagg_lab.sweeps import idle_worker_ignores_signals, in_local_sweep, mark_sweep_stopping, sweep_stopping
 
@@ -97,6 +98,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[GRPOModule, L.LightningDataMo
     owner = is_launch_process()
     if owner:
         check_fresh_run_dir(run_dir)
+    check_renamed(cfg, ConfigError)  # an experiment file written before a key was renamed
     check_missing(cfg)
     if owner and cfg.resume is not None:
         mend_checkpoint_dir(Path(cfg.resume))

@@ -186,9 +186,10 @@ def gradient_phase(module: GRPOModule, strategy: GradientStrategy, rollout: Roll
                    forward: Callable | None = None) -> tuple[float, dict]:
     """What a training step runs after its rollout (number `index`: its drawn blocks), on-policy,
     from zeroed gradients (left in .grad): the whole batch in `micro_batches` micro-batches (1: one).
-    forward: what the strategy calls as the policy (default the policy; e.g. a torch.compile of it). Returns (seconds, the
-    strategy's stats combined over micro-batches: counts summed, the rest averaged); `steps`,
-    if given, receives the loss statistics (StepStats) of every trained step of every micro-batch."""
+    forward: what the strategy calls as the policy (default the policy; e.g. a torch.compile of it).
+    Returns (seconds, the strategy's stats combined over micro-batches: counts summed, the rest
+    averaged); `steps`, if given, receives the loss statistics (StepStats) of every trained step
+    of every micro-batch."""
     module.policy.train()
     module.policy.zero_grad(set_to_none=True)
     total = rollout.final.shape[0]

@@ -173,8 +173,8 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
     own = {name: own_rollout_module(cfg, module) for name, cfg in arms.items() if owns_rollouts(cfg)}
     strategies = {name: instantiate(cfg.strategy) for name, cfg in arms.items() if name not in own}
     compiled_policy = torch.compile(module.policy) if args.compile_gradient else None  # compiles in the warm-up round
-    compiled_phases = {f"{name}+compile": strategy for name, strategy in strategies.items()} if args.compile_gradient else {}
-    strategies.update(compiled_phases)
+    compiled_phases = {f"{name}+compile": name for name in strategies} if args.compile_gradient else {}  # -> its eager twin
+    strategies.update({name: strategies[eager] for name, eager in compiled_phases.items()})
     micro_batches = data.samples_per_step // module.grpo.micro_batch_size
     per_rollout = module.grpo.optimizer_steps_per_rollout
     guidance_rows = 2 if module.sampler.guidance != 1.0 else 1
@@ -256,9 +256,10 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
         progress(f"round {i + 1}/{args.warmup + args.rounds} ({'warm-up' if not timed else 'timed'}), "
                  f"{time.perf_counter() - start:.0f} s")
     wall = time.perf_counter() - start
-    limit = (step_limit(module, strategies, samplers, prompts, metadata, group_ids, micro_batches, rollout_of, args.device,
-                        args.precisions) if args.limit else None)
     eager = {name: strategy for name, strategy in strategies.items() if name not in compiled_phases}
+    # FLOPs are counted once per strategy: a compiled phase does the same work as its eager twin
+    limit = (step_limit(module, eager, samplers, prompts, metadata, group_ids, micro_batches, rollout_of, args.device,
+                        args.precisions) if args.limit else None)
     profiles = profile_steps(one_steps(module, own, eager, settings[0], rollout_of, prompts, metadata, group_ids, micro_batches,
                                         args.device), args.device, args.profile_top) if args.profile else None
     trained = {name: len(module.objective.trained_steps) for name in strategies}
@@ -300,7 +301,7 @@ def bench_step(args: StepArgs, progress: Callable[[str], None] = lambda line: No
             row["strict_vs_reference"], row["strict_vs_reference_se"] = _paired(strict[key, precision], strict[ref_setting])
         row["rollout_share"] = row["rollout_s"] / step
         if limit is not None and spec != OWN:
-            row.update(achieved(row, limit, name, spec, per_rollout))
+            row.update(achieved(row, limit, compiled_phases.get(name, name), spec, per_rollout))
         rows.append(row)
     ref = next(r for r in rows if (r["experiment"], r["rollout"], r["precision"]) == (experiment, *ref_setting))
     for row in rows:

@@ -159,7 +159,7 @@ def test_compiled_gradient_phase_gets_its_own_row_with_the_same_work(tmp_path):
     torch.compile'd policy on the same rollouts: same backward items and on-policy ratio, a row of its own."""
     out = tmp_path / "step.json"
     code = main(["step", f"out={out}", "experiments=[full,subsample_w6]", "rollouts=[sde]", "rounds=1", "warmup=1",
-                 "compile_gradient=true", "overrides=[policy=dit_xs," + ",".join(TINY) + "]"])
+                 "compile_gradient=true", "limit=true", "overrides=[policy=dit_xs," + ",".join(TINY) + "]"])
     assert code == 0
     rows = {r["experiment"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"full", "subsample_w6", "full+compile", "subsample_w6+compile"}
@@ -167,3 +167,4 @@ def test_compiled_gradient_phase_gets_its_own_row_with_the_same_work(tmp_path):
         eager, compiled = rows[name], rows[f"{name}+compile"]
         assert compiled["gradient_compile"] and not eager["gradient_compile"]
         assert compiled["backward_items"] == eager["backward_items"] and compiled["ratio_mean"] == pytest.approx(1.0)
+        assert compiled["gradient_gflop"] == eager["gradient_gflop"] > 0  # the same work, counted once
